@@ -1,0 +1,253 @@
+"""The HyperBF kernel shared by every HyperBF layer (CBMM Memo 143, Eq. 4).
+
+    K(x, t) = exp(-gamma * ||W (x - t)||^2)        Gaussian (default); gamma = 1 / (2 sigma^2)
+    K(x, t) = exp(-gamma * ||W (x - t)||)          Laplacian (memo, footnote 1)
+
+``gamma`` is learned through its logarithm, so it stays positive whatever the optimizer does. ``W`` is the optional
+Mahalanobis factor: the metric ``W^T W`` is positive semi-definite by construction and starts at the identity, where
+the kernel is the plain radial basis function.
+
+Distances are never formed from ``x[:, None] - t[None]`` differences: ``||x - t||^2 = ||x||^2 + ||t||^2 - 2 x.t``
+turns them into one matrix product plus two norms, which is what lets HyperBF layers cost what their dot-product
+counterparts cost. The two hot paths (Gaussian units against centres, Gaussian attention logits) have hand-written
+backward passes that keep only what the next op saves anyway, so they use no more activation memory than a GELU MLP
+and plain scaled-dot-product attention.
+"""
+import math
+from typing import Tuple
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ['HyperBFKernel', 'KERNELS', 'pairwise_sq_dist']
+
+KERNELS = ('gaussian', 'laplacian')
+
+
+def pairwise_sq_dist(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``||x_i - t_j||^2`` for all pairs as one matrix product: ``(..., N, D), (..., M, D) -> (..., N, M)``."""
+    x_sq = x.pow(2).sum(-1, keepdim=True)
+    t_sq = t.pow(2).sum(-1).unsqueeze(-2)
+    return (x_sq + t_sq - 2. * (x @ t.transpose(-1, -2))).clamp_min(0.)
+
+
+# --- Gaussian units against centres: exp(min(a - gamma * ||x||^2, 0)) ------------------------------------------------
+
+def _gaussian_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """``exp(min(a - x_sq * gamma, 0))``, overwriting ``a`` if ``inplace``; the cap only removes rounding error (a
+    distance cannot be negative)."""
+    if inplace:
+        return a.addcmul_(x_sq.to(a.dtype), gamma.to(a.dtype), value=-1.).clamp_max_(0.).exp_()
+    return torch.addcmul(a, x_sq.to(a.dtype), gamma.to(a.dtype), value=-1.).clamp_max(0.).exp()
+
+
+class _GaussianUnits(torch.autograd.Function):
+    """:func:`_gaussian_units` in place on ``a`` (a fresh ``linear`` output), saving only its output; the gradient
+    passes the cap as if it were not there."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        out = _gaussian_units(a, x_sq, gamma, inplace=True)
+        ctx.mark_dirty(a)
+        ctx.save_for_backward(out, x_sq, gamma)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out, x_sq, gamma = ctx.saved_tensors
+        grad_a = grad * out
+        grad_x_sq = -(grad_a @ gamma.to(grad_a.dtype)).unsqueeze(-1)
+        grad_gamma = -(x_sq.reshape(1, -1).to(grad_a.dtype) @ grad_a.reshape(-1, grad_a.shape[-1])).reshape(-1)
+        return grad_a, grad_x_sq.to(x_sq.dtype), grad_gamma.to(gamma.dtype)
+
+
+def gaussian_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """``exp(min(a - x_sq * gamma, 0))`` for ``a (..., M)``, ``x_sq (..., 1)``, ``gamma (M,)``; may overwrite ``a``."""
+    if torch.jit.is_scripting() or not torch.is_grad_enabled():
+        return _gaussian_units(a, x_sq, gamma, inplace=not torch.is_grad_enabled())
+    return _GaussianUnits.apply(a, x_sq, gamma)
+
+
+# --- Gaussian attention as a dot product ------------------------------------------------------------------------------
+
+def _augment_qk(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``([q, 1, 1...], [2 gamma k, -gamma ||k||^2, 0...])``: ``pad`` channels appended to each."""
+    k_aug = torch.cat([
+        k * (2. * gamma),
+        -gamma * k.pow(2).sum(-1, keepdim=True),
+        k.new_zeros(k.shape[:-1] + (pad - 1,)),
+    ], dim=-1)
+    # the pad channels of q are all ones: only the first meets a non-zero key channel
+    return F.pad(q, (0, pad), value=1.), k_aug
+
+
+class _AugmentQK(torch.autograd.Function):
+    """:func:`_augment_qk` that saves only ``k_aug`` (which the attention kernel saves anyway) and ``gamma``."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, pad: int):
+        q_aug, k_aug = _augment_qk(q, k, gamma, pad)
+        ctx.pad = pad
+        ctx.save_for_backward(k_aug, gamma)
+        return q_aug, k_aug
+
+    @staticmethod
+    def backward(ctx, grad_q_aug: torch.Tensor, grad_k_aug: torch.Tensor):
+        k_aug, gamma = ctx.saved_tensors
+        dim = k_aug.shape[-1] - ctx.pad
+        two_gamma_k = k_aug[..., :dim]
+        k = two_gamma_k / (2. * gamma)
+        grad_main, grad_norm = grad_k_aug[..., :dim], grad_k_aug[..., dim:dim + 1]
+        grad_k = (2. * gamma) * (grad_main - k * grad_norm)
+        # d/dgamma of 2 gamma k . g_main - gamma ||k||^2 g_norm, per token, summed to gamma's shape
+        grad_gamma = ((2. * k * grad_main).sum(-1, keepdim=True) + k_aug[..., dim:dim + 1] / gamma * grad_norm)
+        return grad_q_aug[..., :dim], grad_k, grad_gamma.sum_to_size(gamma.shape), None
+
+
+def augment_qk(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_augment_qk`, with a backward pass that keeps no more than the attention kernel keeps."""
+    if torch.jit.is_scripting() or not torch.is_grad_enabled():
+        return _augment_qk(q, k, gamma, pad)
+    return _AugmentQK.apply(q, k, gamma, pad)
+
+
+# Leaves for torch.fx: traced graphs call the functions (and so their custom backward) instead of tracing through them.
+torch.fx.wrap('gaussian_units')
+torch.fx.wrap('augment_qk')
+
+
+class HyperBFKernel(nn.Module):
+    """Radial basis kernel with learned widths and an optional learned Mahalanobis metric.
+
+    Evaluations that share the parameters:
+
+    * :meth:`log_kernel`: the plain formula on a full distance matrix (reference path);
+    * :meth:`log_kernel_to_centers` and :meth:`kernel_to_centers`: points against a fixed set of centres with one
+      width per centre, as a single ``linear`` (the cost of an MLP's first layer);
+    * :meth:`dot_product_operands`: Gaussian logits rewritten for fused scaled-dot-product attention.
+
+    Args:
+        dim: Feature dimension of the points and centres.
+        num_widths: Number of independent widths (one per head, per centre, or 1 for the whole layer).
+        gamma_init: Initial gamma (every width).
+        kernel: ``'gaussian'`` or ``'laplacian'``.
+        mahalanobis: Learn ``W`` (``dim x dim``, identity at init); distances become ``||W (x - t)||``.
+        eps: Added under the Laplacian's square root, whose gradient is infinite at zero distance.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_widths: int = 1,
+            gamma_init: float = 1.0,
+            kernel: str = 'gaussian',
+            mahalanobis: bool = False,
+            eps: float = 1e-6,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"Unknown HyperBF kernel '{kernel}': use one of {KERNELS}.")
+        if not gamma_init > 0:
+            raise ValueError(f'gamma_init must be positive, got {gamma_init}.')
+        dd = {'device': device, 'dtype': dtype}
+        self.dim = dim
+        self.kernel = kernel
+        self.is_gaussian = kernel == 'gaussian'
+        self.eps = eps
+        self.gamma_init = gamma_init
+        self.log_gamma = nn.Parameter(torch.empty(num_widths, **dd))
+        self.metric = nn.Parameter(torch.empty(dim, dim, **dd)) if mahalanobis else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.log_gamma.fill_(math.log(self.gamma_init))
+            if self.metric is not None:
+                # copy_ rather than nn.init.eye_, which refuses tensors on the meta device
+                self.metric.copy_(torch.eye(self.dim, device=self.metric.device, dtype=self.metric.dtype))
+
+    def init_weights(self) -> None:
+        """Called by the model's weight init: the kernel keeps its own init, not the trunc-normal of Linears."""
+        self.reset_parameters()
+
+    def gamma(self) -> torch.Tensor:
+        """The positive widths, shape ``(num_widths,)``."""
+        return self.log_gamma.exp()
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """``x -> W x``: the space where the metric is Euclidean (identity without Mahalanobis)."""
+        metric = self.metric
+        if metric is None:
+            return x
+        return x @ metric.t().to(x.dtype)
+
+    def _from_sq_dist(self, sq_dist: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        if self.is_gaussian:
+            return -gamma * sq_dist
+        return -gamma * (sq_dist + self.eps).sqrt()
+
+    def log_kernel(self, x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        """``log K(x_i, t_j)`` for projected points: ``(..., N, D), (..., M, D) -> (..., N, M)``.
+
+        ``gamma`` broadcasts against the result (e.g. ``(H, 1, 1)`` for one width per head).
+        """
+        return self._from_sq_dist(pairwise_sq_dist(x, t), gamma)
+
+    def _center_terms(
+            self,
+            x: torch.Tensor,
+            centers: torch.Tensor,
+            gamma: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``a = x . 2 gamma_i t_i - gamma_i ||t_i||^2`` and ``||x||^2``, so that
+        ``-gamma_i ||x - t_i||^2 = a - gamma_i ||x||^2``."""
+        x, centers = self.project(x), self.project(centers)
+        a = F.linear(x, centers * (2. * gamma).unsqueeze(-1), -gamma * centers.pow(2).sum(-1))
+        return a, x.pow(2).sum(-1, keepdim=True)
+
+    def log_kernel_to_centers(self, x: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+        """``log K(x, t_i)`` against ``M`` centres with one width each: ``(..., D), (M, D) -> (..., M)``."""
+        gamma = self.gamma()
+        if self.is_gaussian:
+            a, x_sq = self._center_terms(x, centers, gamma)
+            return torch.addcmul(a, x_sq, gamma.to(a.dtype), value=-1.).clamp_max(0.)
+        a, x_sq = self._center_terms(x, centers, torch.ones_like(gamma))
+        return self._from_sq_dist((x_sq - a).clamp_min(0.), gamma)
+
+    def kernel_to_centers(self, x: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+        """``K(x, t_i)`` against ``M`` centres with one width each: ``(..., D), (M, D) -> (..., M)``."""
+        if not self.is_gaussian:
+            return self.log_kernel_to_centers(x, centers).exp()
+        gamma = self.gamma()
+        a, x_sq = self._center_terms(x, centers, gamma)
+        return gaussian_units(a, x_sq, gamma)
+
+    def dot_product_operands(
+            self,
+            q: torch.Tensor,
+            k: torch.Tensor,
+            gamma: torch.Tensor,
+            pad_to: int = 8,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Gaussian logits as a plain dot product, for fused attention kernels.
+
+        Along a softmax over keys ``j`` the query norm is a constant, so
+
+            softmax_j(-gamma ||q_i - k_j||^2) = softmax_j([q_i, 1] . [2 gamma k_j, -gamma ||k_j||^2]).
+
+        Takes projected ``q``, ``k`` of shape ``(..., N, D)`` and ``gamma`` broadcastable to ``(..., 1, 1)``; returns
+        the augmented ``(q', k')``, padded to a width that is a multiple of ``pad_to`` (what fused kernels accept),
+        in ``q``'s dtype. Use them with ``scale=1``.
+        """
+        if not self.is_gaussian:
+            raise RuntimeError('Only the Gaussian kernel has a dot-product form; use log_kernel for the Laplacian.')
+        pad = (-(q.shape[-1] + 1) % pad_to) + 1
+        return augment_qk(q, k.to(q.dtype), gamma.to(q.dtype), pad)
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, num_widths={self.log_gamma.numel()}, kernel={self.kernel}, ' \
+               f'mahalanobis={self.metric is not None}'

@@ -1,0 +1,95 @@
+"""The HyperBF layer that replaces the Transformer MLP (CBMM Memo 143, Sec. 2.2.2, Eq. 4 and 7).
+
+    phi(x) = sum_i c_i K(x, t_i) + b,       K(x, t_i) = exp(-gamma_i ||W (x - t_i)||^2)
+
+with learned centres ``t_i``, one width ``gamma_i`` per centre and coefficients ``c_i``. Normalised, the weights
+become ``softmax_i(log K(x, t_i))``: attention of each token over a learned memory (memo Eq. 2).
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .hyperbf_kernel import HyperBFKernel
+
+__all__ = ['HyperBFMlp']
+
+
+class HyperBFMlp(nn.Module):
+    """A layer of HyperBF units with a linear readout.
+
+    Initialisation keeps every unit alive on LayerNorm'd inputs. Such inputs lie near the sphere of radius
+    ``sqrt(D)``, and centres start as ``N(0, I)``, so ``||x - t||^2`` concentrates around ``2 D`` (within about
+    ``2 sqrt(D)``). The authors' ``gamma = 0.1`` gives ``exp(-0.1 * 2D)``, i.e. ``exp(-124...-186)`` at ``D = 768``,
+    which is exactly zero in fp32: no unit fires and no gradient flows. Here the width starts at the data scale,
+    ``gamma = 1 / (2 D)`` (``sigma^2 = D``), so ``K`` is about ``exp(-1)`` at init; units start wide and almost linear
+    in ``x . t`` and sharpen as their widths are learned. Normalised units start at ``gamma = 1 / (2 sqrt(D))``, the
+    scale of dot-product attention over the centres.
+
+    The distance expansion makes the cost one ``linear`` of width ``num_centers`` plus the readout: that of an MLP
+    of the same hidden width.
+
+    Args:
+        in_features: Input dimension ``D``.
+        hidden_features: Number of centres (default ``in_features``).
+        out_features: Output dimension (default ``in_features``).
+        kernel: ``'gaussian'`` or ``'laplacian'``.
+        mahalanobis: Learn a metric ``W^T W`` shared by the centres.
+        normalized: Softmax over the centres instead of independent Gaussian units.
+        bias: Bias ``b`` of the readout.
+        drop: Dropout on the unit activations and on the output.
+    """
+
+    def __init__(
+            self,
+            in_features: int,
+            hidden_features: Optional[int] = None,
+            out_features: Optional[int] = None,
+            kernel: str = 'gaussian',
+            mahalanobis: bool = False,
+            normalized: bool = False,
+            bias: bool = True,
+            drop: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.normalized = normalized
+        self.centers = nn.Parameter(torch.empty(hidden_features, in_features, **dd))
+        gamma_init = 1. / (2. * math.sqrt(in_features)) if normalized else 1. / (2. * in_features)
+        self.kernel = HyperBFKernel(
+            in_features,
+            num_widths=hidden_features,
+            gamma_init=gamma_init,
+            kernel=kernel,
+            mahalanobis=mahalanobis,
+            **dd,
+        )
+        self.drop1 = nn.Dropout(drop)
+        self.readout = nn.Linear(hidden_features, out_features, bias=bias, **dd)
+        self.drop2 = nn.Dropout(drop)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.centers)
+
+    def init_weights(self) -> None:
+        """Called by the model's weight init: centres keep their N(0, 1) init, unlike Linears."""
+        self.reset_parameters()
+
+    def activations(self, x: torch.Tensor) -> torch.Tensor:
+        """The unit activations ``K(x, t_i)`` (or their softmax when normalised): ``(..., D) -> (..., num_centers)``."""
+        if self.normalized:
+            return self.kernel.log_kernel_to_centers(x, self.centers).softmax(dim=-1)
+        return self.kernel.kernel_to_centers(x, self.centers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.activations(x)
+        x = self.drop1(x)
+        x = self.readout(x)
+        x = self.drop2(x)
+        return x
