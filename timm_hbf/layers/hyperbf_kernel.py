@@ -24,6 +24,7 @@ from torch import nn
 __all__ = ['HyperBFKernel', 'KERNELS', 'pairwise_sq_dist']
 
 KERNELS = ('gaussian', 'laplacian')
+LOG_GAMMA_BOUND = 60.  # exp(+-60) is finite and non-zero in fp32 and bf16
 
 
 def pairwise_sq_dist(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -175,8 +176,9 @@ class HyperBFKernel(nn.Module):
         self.reset_parameters()
 
     def gamma(self) -> torch.Tensor:
-        """The positive widths, shape ``(num_widths,)``."""
-        return self.log_gamma.exp()
+        """The widths, shape ``(num_widths,)``: ``exp(log_gamma)``, with ``log_gamma`` held to ``[-60, 60]`` so that
+        gamma stays strictly positive and finite in fp32 and bf16 whatever step an optimizer takes."""
+        return self.log_gamma.clamp(-LOG_GAMMA_BOUND, LOG_GAMMA_BOUND).exp()
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """``x -> W x``: the space where the metric is Euclidean (identity without Mahalanobis)."""
