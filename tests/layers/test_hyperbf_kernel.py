@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from timm_hbf.layers import HyperBFKernel
-from timm_hbf.layers.hyperbf_kernel import _AugmentQK, _GaussianUnits
+from timm_hbf.layers.hyperbf_kernel import _AugmentQKV, _GaussianUnits
 
 
 def brute_force_kernel(x, t, gamma, metric=None, kernel='gaussian'):
@@ -73,18 +73,20 @@ def test_unknown_kernel_and_bad_gamma_are_rejected():
     with pytest.raises(ValueError, match='gamma_init must be positive'):
         HyperBFKernel(4, gamma_init=0.)
     with pytest.raises(RuntimeError, match='dot-product form'):
-        HyperBFKernel(4, kernel='laplacian').dot_product_operands(torch.randn(2, 4), torch.randn(2, 4), torch.ones(1))
+        HyperBFKernel(4, kernel='laplacian').dot_product_operands(*torch.randn(3, 2, 4), torch.ones(1))
 
 
 def test_dot_product_operands_give_the_gaussian_softmax():
     torch.manual_seed(0)
     k = HyperBFKernel(6, num_widths=2)
-    q, kk = torch.randn(3, 2, 5, 6), torch.randn(3, 2, 5, 6)
+    q, kk, v = torch.randn(3, 2, 5, 6), torch.randn(3, 2, 5, 6), torch.randn(3, 2, 5, 6)
     gamma = torch.tensor([0.2, 0.05]).reshape(2, 1, 1)
-    q_aug, k_aug = k.dot_product_operands(q, kk, gamma)
-    assert q_aug.shape[-1] % 8 == 0 and k_aug.shape[-1] == q_aug.shape[-1]
-    expected = torch.softmax(-gamma * torch.cdist(q, kk).pow(2), dim=-1)
-    torch.testing.assert_close(torch.softmax(q_aug @ k_aug.transpose(-1, -2), dim=-1), expected)
+    q_aug, k_aug, v_aug = k.dot_product_operands(q, kk, v, gamma)
+    assert q_aug.shape[-1] % 8 == 0 and k_aug.shape == v_aug.shape == q_aug.shape
+    weights = torch.softmax(-gamma * torch.cdist(q, kk).pow(2), dim=-1)
+    torch.testing.assert_close(torch.softmax(q_aug @ k_aug.transpose(-1, -2), dim=-1), weights)
+    torch.testing.assert_close(v_aug[..., :6], v)
+    assert (v_aug[..., 6:] == 0).all()
 
 
 def test_custom_backward_passes_match_autograd():
@@ -93,10 +95,10 @@ def test_custom_backward_passes_match_autograd():
     a = (torch.rand(2, 5, 7, dtype=torch.float64) - 1.5).requires_grad_()
     x_sq, gamma = torch.rand(2, 5, 1, **f64), torch.rand(7, **f64)
     assert torch.autograd.gradcheck(lambda a, x_sq, g: _GaussianUnits.apply(a.clone(), x_sq, g), (a, x_sq, gamma))
-    q, kk = torch.randn(2, 3, 5, 6, **f64), torch.randn(2, 3, 5, 6, **f64)
+    q, kk, v = (torch.randn(2, 3, 5, 6, **f64) for _ in range(3))
     for shape in [(3, 1, 1), (1, 1, 1)]:  # a width per head, one per layer
         gamma = (torch.rand(*shape, dtype=torch.float64) + 0.1).requires_grad_()
-        assert torch.autograd.gradcheck(lambda q, k, g: _AugmentQK.apply(q, k, g, 3), (q, kk, gamma))
+        assert torch.autograd.gradcheck(lambda q, k, v, g: _AugmentQKV.apply(q, k, v, g, 3), (q, kk, v, gamma))
 
 
 def test_construction_on_meta_device():

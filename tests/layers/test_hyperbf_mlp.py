@@ -14,10 +14,11 @@ def brute_force_units(mlp, x):
     return log_k.softmax(-1) if mlp.normalized else log_k.exp()
 
 
+@pytest.mark.parametrize('kernel', ['gaussian', 'laplacian'])
 @pytest.mark.parametrize('dim, centers', [(192, 768), (384, 1536), (768, 3072), (768, 3000)])
-def test_units_are_alive_at_init_on_layer_normed_inputs(dim, centers):
+def test_units_are_alive_at_init_on_layer_normed_inputs(dim, centers, kernel):
     torch.manual_seed(0)
-    mlp = HyperBFMlp(dim, centers)
+    mlp = HyperBFMlp(dim, centers, kernel=kernel)
     x = layer_normed(4, 16, dim)
     act = mlp.activations(x)
     # neither ~0 nor ~1, for every unit

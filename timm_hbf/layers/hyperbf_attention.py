@@ -83,9 +83,9 @@ class HyperBFAttention(nn.Module):
         gamma = self.kernel.gamma().reshape(-1, 1, 1)
 
         if self.fused_attn:
-            q, k = self.kernel.dot_product_operands(q, k, gamma)
+            q, k, v = self.kernel.dot_product_operands(q, k, v, gamma)
             x = F.scaled_dot_product_attention(
-                q, k, F.pad(v, (0, q.shape[-1] - self.head_dim)),
+                q, k, v,
                 dropout_p=self.attn_drop.p if self.training else 0.,
                 scale=1.,
             )[..., :self.head_dim]

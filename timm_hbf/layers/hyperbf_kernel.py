@@ -73,50 +73,56 @@ def gaussian_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor) -> 
 
 # --- Gaussian attention as a dot product ------------------------------------------------------------------------------
 
-def _augment_qk(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``([q, 1, 1...], [2 gamma k, -gamma ||k||^2, 0...])``: ``pad`` channels appended to each."""
-    k_aug = torch.cat([
-        k * (2. * gamma),
-        -gamma * k.pow(2).sum(-1, keepdim=True),
-        k.new_zeros(k.shape[:-1] + (pad - 1,)),
-    ], dim=-1)
-    # the pad channels of q are all ones: only the first meets a non-zero key channel
-    return F.pad(q, (0, pad), value=1.), k_aug
+def _augment_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad: int) -> torch.Tensor:
+    """One buffer ``(3, ..., N, D + pad)`` holding ``[q, 1, 1...]``, ``[2 gamma k, -gamma ||k||^2, 0...]`` and
+    ``[v, 0...]``: one copy of q, k, v, then in-place fills."""
+    dim = q.shape[-1]
+    buf = q.new_empty((3,) + q.shape[:-1] + (dim + pad,))
+    buf[0, ..., :dim] = q
+    buf[0, ..., dim:] = 1.  # every pad channel of q is 1: only the first meets a non-zero key channel
+    k_aug = buf[1]
+    k_aug[..., :dim] = k
+    k_aug[..., dim:dim + 1] = -gamma * k.pow(2).sum(-1, keepdim=True)
+    k_aug[..., dim + 1:] = 0.
+    k_aug[..., :dim] *= 2. * gamma
+    buf[2, ..., :dim] = v
+    buf[2, ..., dim:] = 0.
+    return buf
 
 
-class _AugmentQK(torch.autograd.Function):
-    """:func:`_augment_qk` that saves only ``k_aug`` (which the attention kernel saves anyway) and ``gamma``."""
+class _AugmentQKV(torch.autograd.Function):
+    """:func:`_augment_qkv` that saves only the augmented keys (which the attention kernel saves anyway) and gamma."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, pad: int):
-        q_aug, k_aug = _augment_qk(q, k, gamma, pad)
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad: int) -> torch.Tensor:
+        buf = _augment_qkv(q, k, v, gamma, pad)
         ctx.pad = pad
-        ctx.save_for_backward(k_aug, gamma)
-        return q_aug, k_aug
+        ctx.save_for_backward(buf[1], gamma)
+        return buf
 
     @staticmethod
-    def backward(ctx, grad_q_aug: torch.Tensor, grad_k_aug: torch.Tensor):
+    def backward(ctx, grad: torch.Tensor):
         k_aug, gamma = ctx.saved_tensors
         dim = k_aug.shape[-1] - ctx.pad
-        two_gamma_k = k_aug[..., :dim]
-        k = two_gamma_k / (2. * gamma)
-        grad_main, grad_norm = grad_k_aug[..., :dim], grad_k_aug[..., dim:dim + 1]
+        k = k_aug[..., :dim] / (2. * gamma)
+        neg_k_sq = k_aug[..., dim:dim + 1] / gamma  # -||k||^2
+        grad_main, grad_norm = grad[1, ..., :dim], grad[1, ..., dim:dim + 1]
         grad_k = (2. * gamma) * (grad_main - k * grad_norm)
-        # d/dgamma of 2 gamma k . g_main - gamma ||k||^2 g_norm, per token, summed to gamma's shape
-        grad_gamma = ((2. * k * grad_main).sum(-1, keepdim=True) + k_aug[..., dim:dim + 1] / gamma * grad_norm)
-        return grad_q_aug[..., :dim], grad_k, grad_gamma.sum_to_size(gamma.shape), None
+        # d/dgamma of (2 gamma k . g_main - gamma ||k||^2 g_norm), summed to gamma's shape
+        grad_gamma = (2. * k * grad_main).sum(-1, keepdim=True) + neg_k_sq * grad_norm
+        return grad[0, ..., :dim], grad_k, grad[2, ..., :dim], grad_gamma.sum_to_size(gamma.shape), None
 
 
-def augment_qk(q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_augment_qk`, with a backward pass that keeps no more than the attention kernel keeps."""
+def augment_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad: int) -> torch.Tensor:
+    """:func:`_augment_qkv`, with a backward pass that keeps no more than the attention kernel keeps."""
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
-        return _augment_qk(q, k, gamma, pad)
-    return _AugmentQK.apply(q, k, gamma, pad)
+        return _augment_qkv(q, k, v, gamma, pad)
+    return _AugmentQKV.apply(q, k, v, gamma, pad)
 
 
 # Leaves for torch.fx: traced graphs call the functions (and so their custom backward) instead of tracing through them.
 torch.fx.wrap('gaussian_units')
-torch.fx.wrap('augment_qk')
+torch.fx.wrap('augment_qkv')
 
 
 class HyperBFKernel(nn.Module):
@@ -232,23 +238,25 @@ class HyperBFKernel(nn.Module):
             self,
             q: torch.Tensor,
             k: torch.Tensor,
+            v: torch.Tensor,
             gamma: torch.Tensor,
             pad_to: int = 8,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Gaussian logits as a plain dot product, for fused attention kernels.
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gaussian attention as plain scaled-dot-product attention, for fused kernels.
 
         Along a softmax over keys ``j`` the query norm is a constant, so
 
             softmax_j(-gamma ||q_i - k_j||^2) = softmax_j([q_i, 1] . [2 gamma k_j, -gamma ||k_j||^2]).
 
-        Takes projected ``q``, ``k`` of shape ``(..., N, D)`` and ``gamma`` broadcastable to ``(..., 1, 1)``; returns
-        the augmented ``(q', k')``, padded to a width that is a multiple of ``pad_to`` (what fused kernels accept),
-        in ``q``'s dtype. Use them with ``scale=1``.
+        Takes projected ``q``, ``k`` and ``v`` of shape ``(..., N, D)`` and ``gamma`` broadcastable to
+        ``(..., 1, 1)``; returns ``(q', k', v')`` zero-padded to a common width that is a multiple of ``pad_to``
+        (what fused kernels accept), in ``q``'s dtype. Attend with ``scale=1`` and keep the first ``D`` channels.
         """
         if not self.is_gaussian:
             raise RuntimeError('Only the Gaussian kernel has a dot-product form; use log_kernel for the Laplacian.')
         pad = (-(q.shape[-1] + 1) % pad_to) + 1
-        return augment_qk(q, k.to(q.dtype), gamma.to(q.dtype), pad)
+        dtype = q.dtype
+        return augment_qkv(q, k.to(dtype), v.to(dtype), gamma.to(dtype), pad).unbind(0)
 
     def extra_repr(self) -> str:
         return f'dim={self.dim}, num_widths={self.log_gamma.numel()}, kernel={self.kernel}, ' \

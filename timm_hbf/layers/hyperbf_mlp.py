@@ -16,6 +16,17 @@ from .hyperbf_kernel import HyperBFKernel
 __all__ = ['HyperBFMlp']
 
 
+def init_gamma(dim: int, kernel: str, normalized: bool) -> float:
+    """Initial width for centres ``N(0, I)`` and LayerNorm'd inputs, where ``||x - t||^2`` is about ``2 dim``.
+
+    Unnormalised units start with ``gamma * distance`` about 1 (``K`` about ``exp(-1)``); normalised units start with
+    logits that vary across centres by about 1, as in scaled dot-product attention.
+    """
+    if kernel == 'gaussian':
+        return 1. / (2. * math.sqrt(dim)) if normalized else 1. / (2. * dim)
+    return 1. if normalized else 1. / math.sqrt(2. * dim)
+
+
 class HyperBFMlp(nn.Module):
     """A layer of HyperBF units with a linear readout.
 
@@ -25,7 +36,7 @@ class HyperBFMlp(nn.Module):
     which is exactly zero in fp32: no unit fires and no gradient flows. Here the width starts at the data scale,
     ``gamma = 1 / (2 D)`` (``sigma^2 = D``), so ``K`` is about ``exp(-1)`` at init; units start wide and almost linear
     in ``x . t`` and sharpen as their widths are learned. Normalised units start at ``gamma = 1 / (2 sqrt(D))``, the
-    scale of dot-product attention over the centres.
+    scale of dot-product attention over the centres (see :func:`init_gamma`, also for the Laplacian).
 
     The distance expansion makes the cost one ``linear`` of width ``num_centers`` plus the readout: that of an MLP
     of the same hidden width.
@@ -60,11 +71,10 @@ class HyperBFMlp(nn.Module):
         out_features = out_features or in_features
         self.normalized = normalized
         self.centers = nn.Parameter(torch.empty(hidden_features, in_features, **dd))
-        gamma_init = 1. / (2. * math.sqrt(in_features)) if normalized else 1. / (2. * in_features)
         self.kernel = HyperBFKernel(
             in_features,
             num_widths=hidden_features,
-            gamma_init=gamma_init,
+            gamma_init=init_gamma(in_features, kernel, normalized),
             kernel=kernel,
             mahalanobis=mahalanobis,
             **dd,
