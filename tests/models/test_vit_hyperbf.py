@@ -250,3 +250,14 @@ def test_prune_and_features_only():
     maps = features(x)
     assert [m.shape for m in maps] == [(2, 192, 8, 8)] * 2
     assert features.feature_info.channels() == [192, 192] and features.feature_info.reduction() == [4, 4]
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(), dict(kernel='laplacian'), dict(mahalanobis=True), dict(mlp_normalized=True),
+    dict(class_token=False, global_pool='avg', init_values=1e-5),
+])
+def test_torchscript_matches_eager(kwargs):
+    model = small(**kwargs).eval()
+    scripted = torch.jit.script(model)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(images()), model(images()))

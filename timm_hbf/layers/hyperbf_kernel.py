@@ -20,6 +20,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+from torch.jit import Final
 
 __all__ = ['HyperBFKernel', 'KERNELS', 'pairwise_sq_dist']
 
@@ -143,6 +144,7 @@ class HyperBFKernel(nn.Module):
         mahalanobis: Learn ``W`` (``dim x dim``, identity at init); distances become ``||W (x - t)||``.
         eps: Added under the Laplacian's square root, whose gradient is infinite at zero distance.
     """
+    log_gamma_bound: Final[float] = LOG_GAMMA_BOUND
 
     def __init__(
             self,
@@ -184,7 +186,7 @@ class HyperBFKernel(nn.Module):
     def gamma(self) -> torch.Tensor:
         """The widths, shape ``(num_widths,)``: ``exp(log_gamma)``, with ``log_gamma`` held to ``[-60, 60]`` so that
         gamma stays strictly positive and finite in fp32 and bf16 whatever step an optimizer takes."""
-        return self.log_gamma.clamp(-LOG_GAMMA_BOUND, LOG_GAMMA_BOUND).exp()
+        return self.log_gamma.clamp(-self.log_gamma_bound, self.log_gamma_bound).exp()
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """``x -> W x``: the space where the metric is Euclidean (identity without Mahalanobis)."""
@@ -256,7 +258,8 @@ class HyperBFKernel(nn.Module):
             raise RuntimeError('Only the Gaussian kernel has a dot-product form; use log_kernel for the Laplacian.')
         pad = (-(q.shape[-1] + 1) % pad_to) + 1
         dtype = q.dtype
-        return augment_qkv(q, k.to(dtype), v.to(dtype), gamma.to(dtype), pad).unbind(0)
+        q, k, v = augment_qkv(q, k.to(dtype), v.to(dtype), gamma.to(dtype), pad).unbind(0)
+        return q, k, v
 
     def extra_repr(self) -> str:
         return f'dim={self.dim}, num_widths={self.log_gamma.numel()}, kernel={self.kernel}, ' \

@@ -32,7 +32,7 @@ class HyperBFMlp(nn.Module):
 
     Initialisation keeps every unit alive on LayerNorm'd inputs. Such inputs lie near the sphere of radius
     ``sqrt(D)``, and centres start as ``N(0, I)``, so ``||x - t||^2`` concentrates around ``2 D`` (within about
-    ``2 sqrt(D)``). The authors' ``gamma = 0.1`` gives ``exp(-0.1 * 2D)``, i.e. ``exp(-124...-186)`` at ``D = 768``,
+    ``2 sqrt(D)``). The authors' ``gamma = 0.1`` gives about ``exp(-0.1 * 2D) = exp(-154)`` at ``D = 768``,
     which is exactly zero in fp32: no unit fires and no gradient flows. Here the width starts at the data scale,
     ``gamma = 1 / (2 D)`` (``sigma^2 = D``), so ``K`` is about ``exp(-1)`` at init; units start wide and almost linear
     in ``x . t`` and sharpen as their widths are learned. Normalised units start at ``gamma = 1 / (2 sqrt(D))``, the

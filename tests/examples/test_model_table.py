@@ -1,0 +1,61 @@
+"""examples/model_table.py on the mini CIFAR-10 test split: every model of ours gets a sensible row."""
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / 'examples' / 'model_table.py'
+MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../shared/datasets/ from the repo root
+ROW = re.compile(r'^\| `(\w+)` \| ([\d.]+) \| ([\d.]+) \| (\d+x\d+) \|(?: ([\d.]+) \| ([\d.]+) \|)?$')
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location('model_table', SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def table_rows(text: str) -> dict:
+    return {m[1]: m.groups()[1:] for m in map(ROW.match, text.splitlines()) if m}
+
+
+@pytest.fixture
+def one_thread():
+    """One CPU thread: a checks-only run, and far steadier than two threads on a busy machine."""
+    threads = torch.get_num_threads()
+    yield ['--threads', '1']
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not MINI.exists(), reason=f'mini CIFAR-10 archive not found at {MINI}')
+def test_model_table(capsys, one_thread):
+    script = load_script()
+    names = script.model_names()
+    assert names and all(n.startswith('vit_') for n in names)
+    assert set(timm.list_models('vit_hyperbf*')) <= set(names)
+
+    script.main(['--data', str(MINI), '--limit', '20', '--batch-size', '10', *one_thread])
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert sorted(rows) == sorted(names)
+    for name, (params, gmacs, size, img_s, top1) in rows.items():
+        assert float(params) > 0 and float(gmacs) > 0, name
+        assert size == ('224x224' if '224' in name else '32x32'), name
+        assert float(img_s) > 0, name
+        assert 0 <= float(top1) <= 100, name
+    assert '200 images' in out and '20 at 32x32' in out and '20 at 224x224' in out
+    assert 'untrained' in out and 'Total wall time' in out
+
+
+def test_markdown_only(capsys, one_thread):
+    script = load_script()
+    rows = script.main(['--markdown-only', '--models', 'vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224', *one_thread])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == '| model | params (M) | GMACs | input |'
+    assert [r['model'] for r in rows] == ['vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224']
+    assert len(lines) == 4 and all(ROW.match(line) for line in lines[2:])

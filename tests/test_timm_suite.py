@@ -1,0 +1,150 @@
+"""timm's own model tests, run against our models.
+
+The tests come from the sdist of the timm that is imported here (so of the version under test), downloaded from the
+package index at test time and unpacked in the system temp dir, outside this repository. Nothing of timm is copied.
+
+* ``test_models_py``: timm's ``tests/test_models.py`` in a subprocess that loads ``timm_hbf`` as a pytest plugin,
+  selecting one family's models: forward, backward, cfg, TorchScript and fx tests.
+* ``test_forward_intermediates*``, ``test_prune_intermediate_layers_contract``: timm parametrizes these over its own
+  modules only, so they are called directly for each of our models.
+"""
+import functools
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import timm
+
+import timm_hbf
+
+pytestmark = pytest.mark.timm_suite
+
+# Model families: timm module name == model name prefix. Families without registered models are left out.
+FAMILIES = [f for f in ('vit_hyperbf', 'vit_qimia') if timm.list_models(module=f)]
+MODELS = [name for family in FAMILIES for name in timm.list_models(module=family)]
+
+# The prune contract costs O(depth^2) forwards plus backwards; it runs at this input size at most (its checks do not
+# depend on the size). The intermediates tests run at each model's own input size.
+PRUNE_MAX_SIZE = 64
+
+
+def _download_sdist(version: str) -> Path:
+    """Unpacked sdist of ``timm==version``, cached in the system temp dir."""
+    root = Path(tempfile.gettempdir()) / 'timm_hbf-timm-sdists'
+    sdist = root / f'timm-{version}'
+    if (sdist / 'tests' / 'test_models.py').is_file():
+        return sdist
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        cmd = [
+            sys.executable, '-m', 'pip', 'download', '--no-binary', ':all:', '--no-deps', f'timm=={version}', '-d', tmp,
+        ]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        archives = list(Path(tmp).glob('timm-*.tar.gz'))
+        if proc.returncode or not archives:
+            pytest.fail(
+                f'Could not download the sdist of timm {version} from the package index '
+                f'(needed for timm\'s test suite):\n$ {" ".join(cmd)}\n{proc.stdout[-3000:]}',
+                pytrace=False,
+            )
+        with tarfile.open(archives[0]) as tar:
+            tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+        unpacked = Path(tmp) / f'timm-{version}'
+        if not (unpacked / 'tests' / 'test_models.py').is_file():
+            pytest.fail(f'The sdist of timm {version} has no tests/test_models.py.', pytrace=False)
+        try:
+            unpacked.rename(sdist)
+        except OSError:  # unpacked meanwhile by a concurrent session
+            pass
+    return sdist
+
+
+@pytest.fixture(scope='session')
+def timm_sdist() -> Path:
+    """Root of the unpacked sdist of the imported timm version."""
+    return _download_sdist(timm.__version__)
+
+
+@pytest.fixture(scope='session')
+def timm_test_models(timm_sdist: Path):
+    """The sdist's ``tests/test_models.py``, imported under a name pytest does not collect."""
+    tests_dir = str(timm_sdist / 'tests')
+    sys.path.insert(0, tests_dir)
+    name = 'timm_sdist_test_models'
+    spec = importlib.util.spec_from_file_location(name, timm_sdist / 'tests' / 'test_models.py')
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        with warnings.catch_warnings():  # timm's markers are declared in its config, not ours
+            warnings.simplefilter('ignore', pytest.PytestUnknownMarkWarning)
+            spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+        sys.path.remove(tests_dir)
+
+
+def _timm_test(module: ModuleType, name: str):
+    fn = getattr(module, name, None)
+    if fn is None:
+        pytest.skip(f'timm {timm.__version__} has no {name}')
+    return fn
+
+
+def _summary(output: str, outcome: str) -> int:
+    """Count of ``outcome`` ('passed', 'failed', ...) in pytest's final summary line."""
+    lines = [line for line in output.splitlines() if re.search(r'\d+ (passed|failed|deselected|skipped|error)', line)]
+    found = re.search(rf'(\d+) {outcome}', lines[-1]) if lines else None
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_models_py(family: str, timm_sdist: Path, tmp_path: Path):
+    """timm's tests/test_models.py, every test whose id names a model of ``family``, TorchScript and fx included."""
+    env = dict(os.environ)
+    # the timm_hbf imported here, after whatever PYTHONPATH selects (e.g. another timm)
+    env['PYTHONPATH'] = os.pathsep.join(
+        p for p in (env.get('PYTHONPATH'), str(Path(timm_hbf.__file__).parents[1])) if p)
+    cmd = [
+        sys.executable, '-m', 'pytest', '-p', 'timm_hbf', str(timm_sdist / 'tests' / 'test_models.py'),
+        '--rootdir', str(timm_sdist), '--import-mode=importlib', '-p', 'no:cacheprovider',
+        '-k', family, '-q', '-rfE', '--tb=short', '--color=no',
+    ]
+    # cwd outside the sdist root: there its timm/ package would shadow the installed one
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rc, output = proc.returncode, proc.stdout
+    first_error = [line for line in output.splitlines() if line.startswith('E ')][:30]
+    report = '\n'.join([f'$ {" ".join(cmd)}', 'first error:', *first_error, 'output tail:', output[-5000:]])
+    assert rc == 0, report
+    assert _summary(output, 'passed') > 0, report
+    assert _summary(output, 'failed') == 0, report
+
+
+@pytest.mark.parametrize('model_name', MODELS)
+def test_forward_intermediates(model_name: str, timm_test_models: ModuleType):
+    _timm_test(timm_test_models, 'test_model_forward_intermediates')(model_name, batch_size=1)
+
+
+@pytest.mark.parametrize('model_name', MODELS)
+def test_forward_intermediates_features(model_name: str, timm_test_models: ModuleType):
+    _timm_test(timm_test_models, 'test_model_forward_intermediates_features')(model_name, batch_size=1)
+
+
+@pytest.mark.parametrize('model_name', MODELS)
+def test_prune_intermediate_layers_contract(
+        model_name: str, timm_test_models: ModuleType, monkeypatch: pytest.MonkeyPatch):
+    contract = _timm_test(timm_test_models, 'test_prune_intermediate_layers_contract')
+    chans, *size = timm.get_pretrained_cfg_value(model_name, 'input_size')
+    if max(size) > PRUNE_MAX_SIZE:
+        overlay = dict(input_size=(chans, PRUNE_MAX_SIZE, PRUNE_MAX_SIZE))
+        monkeypatch.setattr(
+            timm_test_models, 'create_model', functools.partial(timm.create_model, pretrained_cfg_overlay=overlay))
+    contract(model_name)
