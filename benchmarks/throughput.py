@@ -12,6 +12,7 @@ state and activations).
 """
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -218,6 +219,7 @@ def main() -> None:
               f"{r['images_per_s']:.1f} | {r['baseline_images_per_s']:.1f} | {r['throughput_ratio']:.2f} | "
               f"{r['peak_mib']:.0f} | {r['baseline_peak_mib']:.0f} | {r['memory_ratio']:.2f} |")
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, 'w') as f:
             json.dump(dict(environment=env, results=results), f, indent=2)
 
