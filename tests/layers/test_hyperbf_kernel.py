@@ -81,8 +81,9 @@ def test_dot_product_operands_give_the_gaussian_softmax():
     k = HyperBFKernel(6, num_widths=2)
     q, kk, v = torch.randn(3, 2, 5, 6), torch.randn(3, 2, 5, 6), torch.randn(3, 2, 5, 6)
     gamma = torch.tensor([0.2, 0.05]).reshape(2, 1, 1)
-    q_aug, k_aug, v_aug = k.dot_product_operands(q, kk, v, gamma)
-    assert q_aug.shape[-1] % 8 == 0 and k_aug.shape == v_aug.shape == q_aug.shape
+    assert k.dot_product_operands(q, kk, v, gamma)[0].shape[-1] == 6 + 1  # one extra channel on CPU
+    q_aug, k_aug, v_aug = k.dot_product_operands(q, kk, v, gamma, pad_to=8)  # CUDA's flash kernels need 8k
+    assert q_aug.shape[-1] == 8 and k_aug.shape == v_aug.shape == q_aug.shape
     weights = torch.softmax(-gamma * torch.cdist(q, kk).pow(2), dim=-1)
     torch.testing.assert_close(torch.softmax(q_aug @ k_aug.transpose(-1, -2), dim=-1), weights)
     torch.testing.assert_close(v_aug[..., :6], v)

@@ -114,8 +114,12 @@ class _AugmentQKV(torch.autograd.Function):
         return grad[0, ..., :dim], grad_k, grad[2, ..., :dim], grad_gamma.sum_to_size(gamma.shape), None
 
 
-def augment_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad: int) -> torch.Tensor:
-    """:func:`_augment_qkv`, with a backward pass that keeps no more than the attention kernel keeps."""
+def augment_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad_to: int) -> torch.Tensor:
+    """:func:`_augment_qkv` to a width that is a multiple of ``pad_to`` (0: of 8 on CUDA, whose flash kernels need
+    it, else any width), with a backward pass that keeps no more than the attention kernel keeps."""
+    if pad_to <= 0:
+        pad_to = 8 if q.is_cuda else 1
+    pad = (-(q.shape[-1] + 1) % pad_to) + 1
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
         return _augment_qkv(q, k, v, gamma, pad)
     return _AugmentQKV.apply(q, k, v, gamma, pad)
@@ -242,7 +246,7 @@ class HyperBFKernel(nn.Module):
             k: torch.Tensor,
             v: torch.Tensor,
             gamma: torch.Tensor,
-            pad_to: int = 8,
+            pad_to: int = 0,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gaussian attention as plain scaled-dot-product attention, for fused kernels.
 
@@ -252,13 +256,13 @@ class HyperBFKernel(nn.Module):
 
         Takes projected ``q``, ``k`` and ``v`` of shape ``(..., N, D)`` and ``gamma`` broadcastable to
         ``(..., 1, 1)``; returns ``(q', k', v')`` zero-padded to a common width that is a multiple of ``pad_to``
-        (what fused kernels accept), in ``q``'s dtype. Attend with ``scale=1`` and keep the first ``D`` channels.
+        (by default 8 on CUDA, what its flash kernels accept; no more than the one extra channel elsewhere), in
+        ``q``'s dtype. Attend with ``scale=1`` and keep the first ``D`` channels.
         """
         if not self.is_gaussian:
             raise RuntimeError('Only the Gaussian kernel has a dot-product form; use log_kernel for the Laplacian.')
-        pad = (-(q.shape[-1] + 1) % pad_to) + 1
         dtype = q.dtype
-        q, k, v = augment_qkv(q, k.to(dtype), v.to(dtype), gamma.to(dtype), pad).unbind(0)
+        q, k, v = augment_qkv(q, k.to(dtype), v.to(dtype), gamma.to(dtype), pad_to).unbind(0)
         return q, k, v
 
     def extra_repr(self) -> str:
