@@ -26,8 +26,8 @@ class HyperBFAttention(nn.Module):
 
     The fused path (Gaussian kernel, ``timm.layers.use_fused_attn()``) runs ``F.scaled_dot_product_attention`` on
     queries and keys augmented with one channel that carries the key-norm term (see
-    :meth:`HyperBFKernel.dot_product_operands`), padded with ``v`` to a head width the flash kernels accept, so no
-    ``N x N`` matrix is built outside the fused kernel. The reference path computes
+    :meth:`HyperBFKernel.dot_product_operands`), padded with ``v`` to a head width the fused kernels accept (a
+    multiple of 8 on CUDA), so no ``N x N`` matrix is built outside the fused kernel. The reference path computes
     the distances explicitly; it serves the Laplacian kernel, ``TIMM_FUSED_ATTN=0`` and exportable builds.
 
     Args:
