@@ -37,12 +37,19 @@ def pairwise_sq_dist(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 # --- Gaussian units against centres: exp(min(a - gamma * ||x||^2, 0)) ------------------------------------------------
 
-def _gaussian_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """``exp(min(a - x_sq * gamma, 0))``, overwriting ``a`` if ``inplace``; the cap only removes rounding error (a
+def _gaussian_log_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """``min(a - x_sq * gamma, 0)``, overwriting ``a`` if ``inplace``; the cap only removes rounding error (a
     distance cannot be negative)."""
+    x_sq, gamma = x_sq.to(a.dtype), gamma.to(a.dtype)
     if inplace:
-        return a.addcmul_(x_sq.to(a.dtype), gamma.to(a.dtype), value=-1.).clamp_max_(0.).exp_()
-    return torch.addcmul(a, x_sq.to(a.dtype), gamma.to(a.dtype), value=-1.).clamp_max(0.).exp()
+        return a.addcmul_(x_sq, gamma, value=-1.).clamp_max_(0.)
+    return torch.addcmul(a, x_sq, gamma, value=-1.).clamp_max(0.)
+
+
+def _gaussian_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """``exp(min(a - x_sq * gamma, 0))``, overwriting ``a`` if ``inplace``."""
+    log_k = _gaussian_log_units(a, x_sq, gamma, inplace)
+    return log_k.exp_() if inplace else log_k.exp()
 
 
 class _GaussianUnits(torch.autograd.Function):
@@ -228,7 +235,7 @@ class HyperBFKernel(nn.Module):
         gamma = self.gamma()
         if self.is_gaussian:
             a, x_sq = self._center_terms(x, centers, gamma)
-            return torch.addcmul(a, x_sq, gamma.to(a.dtype), value=-1.).clamp_max(0.)
+            return _gaussian_log_units(a, x_sq, gamma, inplace=False)
         a, x_sq = self._center_terms(x, centers, torch.ones_like(gamma))
         return self._from_sq_dist((x_sq - a).clamp_min(0.), gamma)
 
