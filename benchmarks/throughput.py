@@ -24,27 +24,33 @@ import timm
 import torch
 
 import timm_hbf
+from timm_hbf.models import VisionTransformerQimia
 
 # (candidate, batch size on CPU, batch size on CUDA)
 DEFAULT_CASES = [
     ('vit_hyperbf_tiny', 128, 1024),
     ('vit_hyperbf_tiny_patch16_224', 32, 256),
+    ('vit_qimia_tiny', 128, 1024),
 ]
 
 
 def baseline_args(model: torch.nn.Module) -> dict:
-    """timm ViT kwargs with the candidate's dimensions."""
+    """timm ViT kwargs with the candidate's dimensions (for QIMIA: its token attention and feed-forward widths)."""
     cfg = model.pretrained_cfg
     block = model.blocks[0]
+    if isinstance(model, VisionTransformerQimia):
+        attn, hidden = block.attn.body, block.mlp.body[0].out_features
+    else:
+        attn, hidden = block.attn, block.mlp.readout.in_features
     return dict(
         model_name='vit_base_patch16_224',
         img_size=cfg['input_size'][-1],
         patch_size=model.patch_embed.patch_size[0],
         embed_dim=model.embed_dim,
         depth=len(model.blocks),
-        num_heads=block.attn.num_heads,
-        mlp_ratio=block.mlp.readout.in_features / model.embed_dim,
-        qkv_bias=block.attn.qkv.bias is not None,
+        num_heads=attn.num_heads,
+        mlp_ratio=hidden / model.embed_dim,
+        qkv_bias=attn.qkv.bias is not None,
         num_classes=model.num_classes,
     )
 

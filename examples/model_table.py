@@ -59,7 +59,7 @@ def model_names() -> List[str]:
 
 def count_gmacs(model: torch.nn.Module, input_size: Sequence[int], device: torch.device) -> float:
     """GMACs of a one-image forward (FLOPs / 2 / 1e9)."""
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(torch.randn(1, *input_size, device=device))
     return counter.get_total_flops() / 2 / 1e9
 

@@ -1,5 +1,11 @@
+from .depth_attention import DEPTH_KERNELS, DepthAttention, DepthKey, depth_attend, normalized_entropy, write_entry
 from .hyperbf_attention import HyperBFAttention
 from .hyperbf_kernel import KERNELS, HyperBFKernel, pairwise_sq_dist
 from .hyperbf_mlp import HyperBFMlp
+from .prelu import TokenPReLU
+from .token_batchnorm import TokenBatchNorm
 
-__all__ = ['HyperBFAttention', 'HyperBFKernel', 'HyperBFMlp', 'KERNELS', 'pairwise_sq_dist']
+__all__ = [
+    'DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'HyperBFAttention', 'HyperBFKernel', 'HyperBFMlp', 'KERNELS',
+    'TokenBatchNorm', 'TokenPReLU', 'depth_attend', 'normalized_entropy', 'pairwise_sq_dist', 'write_entry',
+]

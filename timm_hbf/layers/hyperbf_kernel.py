@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.jit import Final
 
-__all__ = ['HyperBFKernel', 'KERNELS', 'pairwise_sq_dist']
+__all__ = ['HyperBFKernel', 'KERNELS', 'distance_key', 'pairwise_sq_dist']
 
 KERNELS = ('gaussian', 'laplacian')
 LOG_GAMMA_BOUND = 60.  # exp(+-60) is finite and non-zero in fp32 and bf16
@@ -130,6 +130,11 @@ def augment_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
         return _augment_qkv(q, k, v, gamma, pad)
     return _AugmentQKV.apply(q, k, v, gamma, pad)
+
+
+def distance_key(k: torch.Tensor) -> torch.Tensor:
+    """``k -> [k, ||k||^2]``: keys for :meth:`HyperBFKernel.distance_query`."""
+    return torch.cat([k, k.pow(2).sum(-1, keepdim=True)], dim=-1)
 
 
 # Leaves for torch.fx: traced graphs call the functions (and so their custom backward) instead of tracing through them.
@@ -271,6 +276,19 @@ class HyperBFKernel(nn.Module):
         dtype = q.dtype
         q, k, v = augment_qkv(q, k.to(dtype), v.to(dtype), gamma.to(dtype), pad_to).unbind(0)
         return q, k, v
+
+    def distance_query(self, q: torch.Tensor) -> torch.Tensor:
+        """``q -> gamma [2 q, -1]`` for ``q`` of shape ``(num_widths, D)`` (Gaussian kernel, no metric): against keys
+        stored as :func:`distance_key` gives
+
+            [2 gamma q, -gamma] . [k, ||k||^2] = -gamma ||q - k||^2 + gamma ||q||^2,
+
+        whose last term is the same for every key and cancels in a softmax over keys: Gaussian logits as one dot
+        product, with widths on the query side so that keys can be stored once for queries of any width."""
+        if not self.is_gaussian or self.metric is not None:
+            raise RuntimeError('distance_query needs the Gaussian kernel without a Mahalanobis metric.')
+        gamma = self.gamma().unsqueeze(-1)
+        return torch.cat([2. * gamma * q, -gamma], dim=-1)
 
     def extra_repr(self) -> str:
         return f'dim={self.dim}, num_widths={self.log_gamma.numel()}, kernel={self.kernel}, ' \

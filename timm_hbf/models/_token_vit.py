@@ -3,8 +3,9 @@ of blocks, final norm and classifier head, with the model API that timm's factor
 train.py rely on.
 
 A family subclasses :class:`TokenViT`, calls :meth:`TokenViT._init_stem`, builds ``self.blocks`` (an
-``nn.Sequential``) and calls :meth:`TokenViT._init_head`, in that order, so that parameters are registered stem,
-blocks, head (train.py's adaptive gradient clipping leaves out the last two parameters: the head's).
+``nn.Sequential`` or ``nn.ModuleList``) and calls :meth:`TokenViT._init_head`, in that order, so that parameters
+are registered stem, blocks, head (train.py's adaptive gradient clipping leaves out the last two parameters: the
+head's).
 """
 from typing import Dict, List, Optional, Set, Tuple, Union
 
@@ -14,10 +15,14 @@ from timm.models import checkpoint, checkpoint_seq, named_apply
 from torch import nn
 from torch.jit import Final
 
-__all__ = ['TokenViT', 'checkpoint_filter_fn', 'take_indices']
+__all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'TokenViT', 'checkpoint_filter_fn', 'take_indices']
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 GLOBAL_POOLS = ('', 'token', 'avg')
-NO_DECAY_PARAM_NAMES = ('log_gamma', 'centers', 'metric')  # HyperBF widths, centres and metrics
+# HyperBF widths, centres and metrics; depth-attention queries (decay would pull them back to uniform reads)
+NO_DECAY_PARAM_NAMES = ('log_gamma', 'centers', 'metric', 'query')
 
 
 def take_indices(
@@ -127,8 +132,8 @@ class TokenViT(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """Position embedding, class token and every HyperBF width, centre and metric: decaying them to zero would
-        collapse kernels rather than regularise them."""
+        """Position embedding, class token, every HyperBF width, centre and metric and every depth-attention query:
+        decaying them to zero would collapse kernels and attention rather than regularise them."""
         kernel_params = {n for n, _ in self.named_parameters() if n.rsplit('.', 1)[-1] in NO_DECAY_PARAM_NAMES}
         return {'pos_embed', 'cls_token'} | kernel_params
 
@@ -251,13 +256,9 @@ class TokenViT(nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got '{output_fmt}'.")
         taken, max_index = take_indices(len(self.blocks), indices)
         B, _, height, width = x.shape
-        x = self.embed(x)
-        blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
-        intermediates = []
-        for i, block in enumerate(blocks):
-            x = checkpoint(block, x) if self.grad_checkpointing else block(x)
-            if i in taken:
-                intermediates.append(self.norm(x) if norm else x)
+        x, intermediates = self._forward_taken(x, taken, max_index if stop_early else len(self.blocks) - 1)
+        if norm:
+            intermediates = [self.norm(y) for y in intermediates]
 
         prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
         intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
@@ -270,6 +271,16 @@ class TokenViT(nn.Module):
         if intermediates_only:
             return intermediates
         return self.norm(x), intermediates
+
+    def _forward_taken(self, x: torch.Tensor, taken: List[int], last: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Run blocks ``0..last``: the features before the final norm, and the outputs of the ``taken`` blocks."""
+        x = self.embed(x)
+        intermediates = []
+        for i, block in enumerate(self.blocks[:last + 1]):
+            x = checkpoint(block, x) if self.grad_checkpointing else block(x)
+            if i in taken:
+                intermediates.append(x)
+        return x, intermediates
 
     @torch.jit.ignore
     def prune_intermediate_layers(

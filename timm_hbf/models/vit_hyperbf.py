@@ -19,13 +19,9 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import nn
 
 from ..layers import HyperBFAttention, HyperBFMlp
-from ._token_vit import TokenViT, checkpoint_filter_fn
+from ._token_vit import CIFAR10_MEAN, CIFAR10_STD, TokenViT, checkpoint_filter_fn
 
 __all__ = ['HyperBFBlock', 'VisionTransformerHyperBF']
-
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-
 
 class HyperBFBlock(nn.Module):
     """Pre-norm block with both residuals (memo Eq. 1), optional layer scale and stochastic depth."""

@@ -1,0 +1,167 @@
+"""Train a model on real CIFAR-10 on the CPU, evaluate it, and save a checkpoint that timm loads back.
+
+    python examples/train_cifar10.py                                   # vit_hyperbf_tiny, a few minutes on 2 cores
+    python examples/train_cifar10.py --model vit_qimia_tiny
+    python examples/train_cifar10.py --model vit_tiny_patch16_224 --model-kwargs img_size=32 patch_size=4
+    python examples/train_cifar10.py --epochs 10 --train-images 50000  # longer: every epoch is the whole split
+
+It is the short version of what timm's train.py does, with timm's own components: ``create_dataset`` and
+``create_transform`` for the data, ``create_optimizer_v2`` (AdamW, no weight decay on the parameters the model
+lists in ``no_weight_decay()``), ``create_scheduler_v2`` (linear warmup, then cosine, stepped every update),
+``ModelEmaV3`` and ``CheckpointSaver``. An epoch is ``--train-images`` random images of the train split, so each epoch
+sees new ones. The checkpoint is train.py's format (``--resume`` continues from it) and carries the EMA weights, which
+``timm.create_model(name, checkpoint_path=...)`` loads; the accuracy printed at the end is that of the model loaded
+back from the checkpoint this way, on the first ``--test-images`` of the test split (class-balanced).
+
+``--data`` takes the CIFAR-10 archive of ``../shared/datasets`` (extracted into a temporary folder, a few seconds) or
+a folder with ``train/`` and ``test/`` in the ImageFolder layout.
+"""
+import argparse
+import itertools
+import platform
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import timm
+import torch
+from timm.data import create_dataset, create_transform, resolve_data_config
+from timm.loss import LabelSmoothingCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import CheckpointSaver, ModelEmaV3, ParseKwargs, random_seed
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+import timm_hbf
+
+# ../shared/datasets/ from the repository root
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / 'shared' / 'datasets' / 'cifar10-jpeg.tar.gz'
+
+
+def image_folder(data: Path, tmp: str) -> Path:
+    """The folder holding ``train/`` and ``test/``: ``data`` itself, or the archive ``data`` extracted into ``tmp``."""
+    if data.is_file():
+        with tarfile.open(data) as tar:
+            tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+        data = Path(tmp)
+    for root in [data, *sorted(data.iterdir())]:
+        if (root / 'train').is_dir() and (root / 'test').is_dir():
+            return root
+    raise FileNotFoundError(f"No 'train' and 'test' folders in {data}.")
+
+
+def evaluate(model: torch.nn.Module, loader: DataLoader, amp: bool) -> float:
+    """Top-1 accuracy in percent."""
+    model.eval()
+    correct = total = 0
+    with torch.inference_mode(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):
+        for images, targets in tqdm(loader, desc='test', unit='batch', leave=False):
+            correct += (model(images).argmax(-1) == targets).sum().item()
+            total += len(targets)
+    return 100. * correct / total
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--data', default=str(DEFAULT_DATA), help='CIFAR-10 archive (.tar.gz) or extracted folder')
+    parser.add_argument('--model', default='vit_hyperbf_tiny', help='any timm model name (default: %(default)s)')
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                        help='extra create_model arguments, as in train.py (e.g. img_size=32 patch_size=4)')
+    parser.add_argument('--epochs', type=int, default=1)
+    parser.add_argument('--train-images', type=int, default=16384, help='train images per epoch (default: %(default)s)')
+    parser.add_argument('--test-images', type=int, default=10000, help='test images to evaluate (default: all)')
+    parser.add_argument('--batch-size', type=int, default=64)
+    parser.add_argument('--lr', type=float, default=2e-3, help='peak learning rate')
+    parser.add_argument('--warmup-epochs', type=float, default=0.1, help='linear warmup, in epochs (may be a fraction)')
+    parser.add_argument('--weight-decay', type=float, default=0.05)
+    parser.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
+    parser.add_argument('--drop-path', type=float, default=0., help='stochastic depth rate')
+    parser.add_argument('--ema-decay', type=float, default=0.999, help='ModelEmaV3 decay (with warmup)')
+    parser.add_argument('--amp', action='store_true', help='bfloat16 autocast (faster on CPUs with bf16 support)')
+    parser.add_argument('--threads', type=int, help='torch CPU threads (default: torch default)')
+    parser.add_argument('--workers', type=int, default=1, help='data loading processes')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--output', default='output/train_cifar10', help='checkpoint folder (default: %(default)s)')
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    random_seed(args.seed)
+    start = time.perf_counter()
+
+    model = timm.create_model(args.model, num_classes=10, drop_path_rate=args.drop_path, **args.model_kwargs)
+    # CIFAR-10 at its own 32 x 32; mean, std and interpolation from the model's pretrained_cfg
+    data_config = resolve_data_config(dict(input_size=(3, 32, 32), crop_pct=1.0), model=model)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = image_folder(Path(args.data).expanduser(), tmp)
+        train_set = create_dataset('', root=str(root / 'train'), is_training=True)
+        train_set.transform = create_transform(
+            **data_config, is_training=True, scale=(0.75, 1.), hflip=0.5, color_jitter=0.)
+        test_set = create_dataset('', root=str(root / 'test'))
+        test_set.transform = create_transform(**data_config)
+        n_test = min(args.test_images, len(test_set))
+        # ImageFolder sorts by class: evenly spaced indices keep the test subset balanced over the classes
+        test_set = Subset(test_set, [i * len(test_set) // n_test for i in range(n_test)])
+
+        steps = min(args.train_images, len(train_set)) // args.batch_size
+        loader_kwargs = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
+        train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=True, **loader_kwargs)
+        test_loader = DataLoader(test_set, 2 * args.batch_size, **loader_kwargs)
+
+        optimizer = create_optimizer_v2(model, 'adamw', lr=args.lr, weight_decay=args.weight_decay)
+        scheduler, _ = create_scheduler_v2(
+            optimizer, 'cosine', num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, warmup_lr=args.lr / 100,
+            step_on_epochs=False, updates_per_epoch=steps,
+        )
+        ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True)
+        loss_fn = LabelSmoothingCrossEntropy(args.smoothing)
+        output = Path(args.output) / args.model
+        output.mkdir(parents=True, exist_ok=True)
+        saver = CheckpointSaver(model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(output),
+                                recovery_dir=str(output), max_history=1)
+
+        threads = torch.get_num_threads()
+        print(f'{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; '
+              f'CPU ({platform.machine()}, {threads} thread{"s" if threads > 1 else ""}), torch {torch.__version__}, '
+              f'timm {timm.__version__}, timm_hbf {timm_hbf.__version__}')
+        print(f'train: {args.epochs} x {steps * args.batch_size} of {len(train_set)} images ({steps} updates of '
+              f'{args.batch_size} per epoch), {"bfloat16 autocast" if args.amp else "float32"}; '
+              f'test: {n_test} of {len(test_set.dataset)} images')
+
+        train_start = time.perf_counter()
+        update = 0
+        for epoch in range(args.epochs):
+            model.train()
+            bar = tqdm(itertools.islice(train_loader, steps), total=steps, desc=f'epoch {epoch + 1}/{args.epochs}',
+                       unit='batch')
+            for images, targets in bar:
+                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=args.amp):
+                    loss = loss_fn(model(images), targets)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                update += 1
+                scheduler.step_update(update)
+                ema.update(model, step=update)
+                bar.set_postfix(loss=f'{loss.item():.3f}', lr=f'{optimizer.param_groups[0]["lr"]:.2e}')
+            saver.save_checkpoint(epoch)
+        train_s = time.perf_counter() - train_start
+
+        checkpoint = output / 'last.pth.tar'
+        trained = timm.create_model(args.model, num_classes=10, checkpoint_path=str(checkpoint), **args.model_kwargs)
+        eval_start = time.perf_counter()
+        top1 = evaluate(trained, test_loader, args.amp)
+        eval_s = time.perf_counter() - eval_start
+
+    total_s = time.perf_counter() - start
+    print(f'checkpoint: {checkpoint}  (timm.create_model({args.model!r}, num_classes=10, '
+          f'checkpoint_path=...) loads its EMA weights)')
+    print(f'test accuracy: {top1:.2f} % top-1 on {n_test} CIFAR-10 test images (chance: 10 %)')
+    print(f'time: {total_s:.0f} s in all ({train_s:.0f} s training, {eval_s:.0f} s evaluation)')
+    return dict(top1=top1, checkpoint=checkpoint, train_s=train_s, eval_s=eval_s, total_s=total_s)
+
+
+if __name__ == '__main__':
+    main()

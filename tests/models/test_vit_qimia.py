@@ -1,0 +1,285 @@
+"""The QIMIA ViT family: depth attention in place of residuals, the report's options, diagnostics and timm's API."""
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from timm.optim import create_optimizer_v2
+
+import timm_hbf  # noqa: F401  (registers the models)
+from timm_hbf.models.vit_qimia import VisionTransformerQimia
+
+NAMES = [
+    'vit_qimia_base', 'vit_qimia_base_patch16_224', 'vit_qimia_small', 'vit_qimia_small_patch16_224',
+    'vit_qimia_surf23_patch8_32', 'vit_qimia_tiny', 'vit_qimia_tiny_patch16_224',
+]
+
+OPTIONS = {
+    'default': {},
+    'key_dim': dict(key_dim=32),
+    'depth_heads': dict(depth_num_heads=2),
+    'key_norm': dict(key_norm=True),
+    'batchnorm_values': dict(value_norm='batchnorm'),
+    'gaussian_depth_attention': dict(depth_kernel='gaussian'),
+    'path_dropout': dict(drop_path_rate=.2),
+    'null_entry': dict(null_entry=True),
+    'avg_pool': dict(global_pool='avg', class_token=False),
+}
+
+
+def small(**kwargs) -> VisionTransformerQimia:
+    """A two-layer vit_qimia_tiny (unless told otherwise), for speed."""
+    torch.manual_seed(0)
+    return timm.create_model('vit_qimia_tiny', **dict(dict(depth=2), **kwargs))
+
+
+def images(batch: int = 2, size: int = 32) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def randomize_queries(model: torch.nn.Module, std: float = .5) -> None:
+    """Queries start at zero, where keys get no gradient; a trained model's queries are not."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith('query'):
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+# --- registry and configurations ------------------------------------------------------------------------------------
+
+def test_registered_names():
+    assert timm.list_models('vit_qimia*') == NAMES
+    assert timm.list_models(module='vit_qimia') == NAMES
+    assert timm.list_pretrained('vit_qimia*') == []
+
+
+@pytest.mark.parametrize('name, size, patch, width, depth, heads, key_dim, depth_heads', [
+    ('vit_qimia_tiny', 32, 4, 192, 12, 3, 64, 8),
+    ('vit_qimia_small', 32, 4, 384, 12, 6, 128, 16),
+    ('vit_qimia_base', 32, 4, 768, 12, 12, 256, 32),
+    ('vit_qimia_tiny_patch16_224', 224, 16, 192, 12, 3, 64, 8),
+    ('vit_qimia_small_patch16_224', 224, 16, 384, 12, 6, 128, 16),
+    ('vit_qimia_base_patch16_224', 224, 16, 768, 12, 12, 256, 32),
+])
+def test_configurations(name, size, patch, width, depth, heads, key_dim, depth_heads):
+    model = timm.create_model(name, device='meta')
+    assert model.pretrained_cfg['input_size'] == (3, size, size)
+    assert model.patch_embed.patch_size == (patch, patch)
+    layer = model.blocks[0]
+    assert (model.embed_dim, len(model.blocks), layer.attn.body.num_heads) == (width, depth, heads)
+    assert layer.attn.read.query.shape == (depth_heads, key_dim // depth_heads)
+
+
+def test_report_configuration():
+    """SURF report appendix: embed 256, depth 10, patch 8, FF hidden 1024, key dim 256 (32 heads of 8)."""
+    model = timm.create_model('vit_qimia_surf23_patch8_32', device='meta')
+    layer = model.blocks[0]
+    assert (model.embed_dim, len(model.blocks), model.patch_embed.patch_size) == (256, 10, (8, 8))
+    assert layer.mlp.body[0].out_features == 1024
+    assert layer.attn.read.query.shape == (32, 8)
+    assert model.num_memory_entries == 22  # patch and position embeddings, then two entries per layer
+    assert model.num_classes == 10
+
+
+def test_blocks_follow_the_report():
+    layer = small().blocks[0]
+    assert [type(m).__name__ for m in layer.attn.key] == ['TokenPReLU', 'Linear', 'DepthKey']
+    assert [type(m).__name__ for m in layer.attn.value] == ['TokenPReLU', 'Linear', 'Identity']
+    assert layer.mlp.key[0] is not layer.mlp.value[0]  # separate PReLUs after the shared hidden layer
+    assert layer.mlp.key[1].in_features == layer.mlp.value[1].in_features == layer.mlp.body[0].out_features
+    assert not any(isinstance(m, torch.nn.LayerNorm) and m.elementwise_affine for m in layer.modules())
+
+
+# --- depth attention at init ----------------------------------------------------------------------------------------
+
+def test_every_block_reads_the_uniform_average_of_all_entries_at_init():
+    """Zero queries: each block's input is LayerNorm(mean of every entry written before it), to 1e-6."""
+    model = small(depth=3).eval()
+    entries, inputs = [], []
+    model.patch_value_norm.register_forward_hook(lambda m, i, o: entries.append(o))
+    model.pos_value_norm.register_forward_hook(lambda m, i, o: entries.append(o.expand(2, -1, -1)))
+    for layer in model.blocks:
+        for block in (layer.attn, layer.mlp):
+            block.body.register_forward_pre_hook(lambda m, i: inputs.append((len(entries), i[0])))
+            block.value.register_forward_hook(lambda m, i, o: entries.append(o))
+    with torch.no_grad():
+        model(images())
+    assert len(inputs) == 6 and len(entries) == 8
+    for num_seen, block_input in inputs:
+        expected = F.layer_norm(torch.stack(entries[:num_seen]).mean(0), (192,), eps=1e-6)
+        torch.testing.assert_close(block_input, expected, rtol=0, atol=1e-6)
+
+
+def test_stats_at_init_show_uniform_reads():
+    model = small(depth=2)
+    stats = model.depth_attention_stats(images())
+    assert stats['readers'] == ['0.attn', '0.mlp', '1.attn', '1.mlp', 'out']
+    assert stats['entries'] == ['patch', 'pos', '0.attn', '0.mlp', '1.attn', '1.mlp']
+    matrix = stats['matrix']
+    assert matrix.shape == (5, 6)
+    for row, seen in enumerate([2, 3, 4, 5, 6]):
+        torch.testing.assert_close(matrix[row, :seen], torch.full((seen,), 1 / seen))
+        assert matrix[row, seen:].isnan().all()
+    torch.testing.assert_close(stats['entropy'], torch.ones(5))
+    assert (stats['query_norm'] == 0).all()
+    assert model.training  # the model's mode is kept
+
+
+def test_stats_follow_trained_queries():
+    model = small(depth=2)
+    randomize_queries(model, std=3.)
+    stats = model.depth_attention_stats(images())
+    assert (stats['entropy'] < .99).all()
+    assert (stats['query_norm'] > 0).all()
+    torch.testing.assert_close(stats['matrix'].nansum(1), torch.ones(5))
+
+
+# --- memory ---------------------------------------------------------------------------------------------------------
+
+def test_memory_is_written_in_place_not_concatenated():
+    """No torch.cat or torch.stack of entries as the network gets deeper: the only cat is the class token's."""
+    from torch.overrides import TorchFunctionMode
+
+    class Calls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.cats = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.cats += func in (torch.cat, torch.stack)
+            return func(*args, **(kwargs or {}))
+
+    model = small(depth=4)
+    randomize_queries(model)
+    with Calls() as calls:
+        model(images()).sum().backward()
+    assert calls.cats == 1
+
+
+def test_fast_reads_match_plain_autograd_on_stacked_entries(monkeypatch):
+    from timm_hbf.layers import depth_attention
+
+    model = small(depth=2, value_norm='layernorm').double()
+    randomize_queries(model)
+    x = images().double()
+    model(x).sum().backward()
+    fast = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    def stacked(query, keys, values, key_entries, value_entries, keep=None):
+        return depth_attention._attend(query, torch.stack(key_entries), torch.stack(value_entries), keep)
+
+    monkeypatch.setattr(depth_attention, 'depth_attend', stacked)
+    model(x).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(fast[name], p.grad, msg=name)
+
+
+def test_grad_checkpointing_gives_identical_outputs_and_gradients():
+    model = small(depth=3)
+    randomize_queries(model)
+    x = images()
+    out = model(x)
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    out_ckpt = model(x)
+    out_ckpt.sum().backward()
+    torch.testing.assert_close(out_ckpt, out, rtol=0, atol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=0, atol=0, msg=name)
+
+
+def test_bf16_autocast_trains():
+    model = small()
+    randomize_queries(model)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = model(images())
+    out.float().sum().backward()
+    assert torch.isfinite(out.float()).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --- options --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('option', OPTIONS)
+def test_option_trains_a_step_with_a_gradient_for_every_parameter(option):
+    model = small(**OPTIONS[option])
+    randomize_queries(model)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loss = F.cross_entropy(model(images(4)), torch.tensor([0, 1, 2, 3]))
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing
+    optimizer.step()
+    assert torch.isfinite(loss)
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize('option', OPTIONS)
+def test_option_passes_the_model_contract(option):
+    """TorchScript and fx give the eager outputs; intermediates, features and pruning work."""
+    model = small(**OPTIONS[option]).eval()
+    randomize_queries(model)
+    x = images()
+    with torch.no_grad():
+        out = model(x)
+        scripted = torch.jit.script(model)
+        torch.testing.assert_close(scripted(x), out)
+        traced = torch.fx.symbolic_trace(model)
+        torch.testing.assert_close(traced(x), out)
+        final, intermediates = model.forward_intermediates(x)
+        torch.testing.assert_close(model.forward_head(final), out)
+    assert [y.shape for y in intermediates] == [(2, 192, 8, 8)] * 2
+    features = timm.create_model('vit_qimia_tiny', depth=2, features_only=True, out_indices=(0, 1),
+                                 **OPTIONS[option]).eval()
+    assert [f.shape for f in features(x)] == [(2, 192, 8, 8)] * 2
+    assert model.prune_intermediate_layers([0]) == [0]
+    assert len(model.blocks) == 1 and model.num_memory_entries == model.num_stem_entries + 2
+    assert model(x).shape[-1] == 192  # head pruned: unpooled tokens
+
+
+def test_null_entry_is_read_first():
+    model = small(null_entry=True)
+    assert model.memory_entry_names()[:3] == ['null', 'patch', 'pos']
+    assert {'null_key', 'null_value'} <= model.no_weight_decay()
+
+
+def test_batchnorm_values_replace_the_read_layernorm():
+    model = small(value_norm='batchnorm')
+    assert isinstance(model.blocks[0].attn.read.norm, torch.nn.Identity)
+    assert type(model.blocks[0].attn.value[-1]).__name__ == 'TokenBatchNorm'
+
+
+def test_path_dropout_grows_with_depth():
+    model = small(depth=3, drop_path_rate=.3)
+    assert [layer.attn.read.path_drop for layer in model.blocks] == pytest.approx([0., .15, .3])
+
+
+def test_gaussian_depth_attention_uses_the_hyperbf_kernel():
+    from timm_hbf.layers import HyperBFKernel
+
+    read = small(depth_kernel='gaussian').blocks[0].attn.read
+    assert isinstance(read.kernel, HyperBFKernel) and read.kernel.log_gamma.numel() == 8
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(value_norm='rmsnorm'), "Unknown value_norm 'rmsnorm'"),
+    (dict(depth_kernel='cosine'), "Unknown depth-attention kernel 'cosine'"),
+    (dict(depth_num_heads=5), 'depth_num_heads among their common divisors'),
+])
+def test_bad_arguments_name_the_problem(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        small(**kwargs)
+
+
+# --- optimizer integration ------------------------------------------------------------------------------------------
+
+def test_queries_are_not_decayed_and_layer_decay_covers_every_parameter():
+    model = small()
+    assert {n for n, _ in model.named_parameters() if n.endswith('query')} <= model.no_weight_decay()
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=.05, layer_decay=.75)
+    grouped = sum(p.numel() for g in optimizer.param_groups for p in g['params'])
+    assert grouped == sum(p.numel() for p in model.parameters())

@@ -1,0 +1,259 @@
+"""Learned-query attention over depth (QIMIA, Dugue 2023, report Eq. 1-2).
+
+Every block ``l`` owns a learned query and reads, per token and per head ``h``,
+
+    A_l = Norm( sum_{i<l} softmax_i(q_{l,h} . k_{i,h}) v_{i,h} )          (Eq. 1-2)
+
+over the memory entries ``(k_i, v_i)`` that the embedding and the earlier blocks wrote for that token. Heads split
+the key channels and the value channels into ``num_heads`` contiguous groups each. Queries start at zero, so that
+at init every read is the uniform average of the entries it sees.
+
+The memory is two preallocated buffers, ``keys (L, B, N, key_width)`` and ``values (L, B, N, dim)``, filled in
+place one entry at a time (:func:`write_entry`), which then hold the only copy of every entry: nothing is
+concatenated as the network gets deeper. A read (:func:`depth_attend`) looks at the filled prefix of the buffers;
+its hand-written backward pass saves only the attention weights ``(L, B, N, H)`` and sends gradients to the
+entries, so a read costs no activation memory beyond its output. Scripted models are for inference: their writes
+and reads use plain in-place copies and slices, without the gradient routing.
+"""
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import torch.fx
+from torch import nn
+from torch.jit import Final
+
+from .hyperbf_kernel import HyperBFKernel, distance_key
+
+__all__ = ['DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'depth_attend', 'normalized_entropy', 'write_entry']
+
+DEPTH_KERNELS = ('dot', 'gaussian')
+
+
+def _accumulation_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for half types, else the tensor's own dtype."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _depth_weights(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Softmax over entries of ``q_h . k_{i,h}``: ``(H, Dk), (L, B, N, H * Dk) -> (L, B, N, H)``, in float32 or
+    wider."""
+    L, B, N, _ = keys.shape
+    logits = (keys.view(L, B, N, query.shape[0], -1) * query.to(keys.dtype)).sum(-1, dtype=_accumulation_dtype(keys))
+    return logits.softmax(0)
+
+
+def _mix(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_{i,h} v_{i,h}``: ``(L, B, N, H), (L, B, N, D) -> (B, N, D)``, accumulated entry by entry (no
+    ``(L, B, N, D)`` temporary)."""
+    L, B, N, D = values.shape
+    H = weights.shape[-1]
+    weights = weights.to(values.dtype).unsqueeze(-1)
+    out = weights[0] * values[0].view(B, N, H, -1)
+    for i in range(1, L):
+        out = out.addcmul(weights[i], values[i].view(B, N, H, -1)) if torch.is_grad_enabled() \
+            else out.addcmul_(weights[i], values[i].view(B, N, H, -1))
+    return out.view(B, N, D)
+
+
+def _attend(
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        keep: Optional[torch.Tensor],
+) -> torch.Tensor:
+    weights = _depth_weights(query, keys)
+    if keep is not None:
+        weights = weights * keep
+    return _mix(weights, values)
+
+
+class _DepthAttend(torch.autograd.Function):
+    """:func:`_attend` on the filled prefix of the memory buffers. The buffers are not autograd inputs (later
+    blocks keep writing into them, after this prefix); the written entries are, and receive the gradients."""
+
+    @staticmethod
+    def forward(ctx, query, keys, values, keep, *entries):
+        num = len(entries) // 2
+        keys, values = keys[:num], values[:num]
+        weights = _depth_weights(query, keys)
+        ctx.keys, ctx.values, ctx.has_keep = keys, values, keep is not None
+        ctx.save_for_backward(weights, query, *([keep] if keep is not None else []))
+        ctx.entry_meta = [(e.shape, e.dtype) for e in entries]
+        return _mix(weights * keep if keep is not None else weights, values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, query = ctx.saved_tensors[:2]
+        keep = ctx.saved_tensors[2] if ctx.has_keep else None
+        L, B, N, H = weights.shape
+        keys, values = ctx.keys.view(L, B, N, H, -1), ctx.values.view(L, B, N, H, -1)
+        grad = grad.view(B, N, H, -1)
+        used = (weights * keep if keep is not None else weights).to(grad.dtype).unsqueeze(-1)
+        grad_values = [used[i] * grad for i in range(L)]
+        grad_used = torch.stack([(values[i] * grad).sum(-1, dtype=weights.dtype) for i in range(L)])
+        grad_weights = grad_used * keep if keep is not None else grad_used
+        grad_logits = weights * (grad_weights - (weights * grad_weights).sum(0, keepdim=True))  # softmax backward
+        grad_query = torch.einsum('lbnh,lbnhd->hd', grad_logits.to(keys.dtype), keys).to(query.dtype)
+        grad_keys = grad_logits.unsqueeze(-1) * query.to(weights.dtype)  # (L, B, N, H, Dk)
+        grads = [g.reshape(B, N, -1) for g in (*grad_keys.unbind(0), *grad_values)]
+        grads = [g.sum_to_size(shape).to(dtype) for g, (shape, dtype) in zip(grads, ctx.entry_meta)]
+        return (grad_query, None, None, None, *grads)
+
+
+def depth_attend(
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        key_entries: List[torch.Tensor],
+        value_entries: List[torch.Tensor],
+        keep: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Attention of ``query (H, Dk)`` over the ``len(key_entries)`` entries written so far (Eq. 1-2, before the
+    norm): ``(B, N, D)``. ``keep`` (``(L, B, N, H)``, optional) scales the weights, e.g. a dropout mask."""
+    if torch.jit.is_scripting() or not torch.is_grad_enabled():
+        num = len(key_entries)
+        return _attend(query, keys[:num], values[:num], keep)
+    return _DepthAttend.apply(query, keys, values, keep, *key_entries, *value_entries)
+
+
+class _WriteEntry(torch.autograd.Function):
+    """``buffer[index] = entry``, returning the stored slot as the entry from now on: the caller's tensor can be
+    freed, the memory holds the only copy, and gradients reaching the slot go to ``entry``. The slot tensor gets a
+    version counter of its own, so that later writes to other slots don't invalidate it."""
+
+    @staticmethod
+    def forward(ctx, buffer, index, entry):
+        slot = buffer[index]
+        slot.copy_(entry)
+        ctx.entry_shape = entry.shape
+        return slot.new_empty(0).set_(slot.untyped_storage(), slot.storage_offset(), slot.shape, slot.stride())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, grad.sum_to_size(ctx.entry_shape)
+
+
+def write_entry(
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        index: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Store entry ``index`` in the buffers (``key (.., N, Kw)`` and ``value (.., N, D)`` broadcast over the batch)
+    and return the stored ``(key, value)``, which stand for the entry from then on (they share the buffers' memory
+    and pass gradients on to the tensors given)."""
+    if torch.jit.is_scripting() or not torch.is_grad_enabled():
+        keys[index].copy_(key)
+        values[index].copy_(value)
+        return keys[index], values[index]
+    return _WriteEntry.apply(keys, index, key), _WriteEntry.apply(values, index, value)
+
+
+# Leaves for torch.fx, so that traced models keep the in-place writes and the custom backward.
+torch.fx.wrap('depth_attend')
+torch.fx.wrap('write_entry')
+
+
+def normalized_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """Entropy of attention weights over entries (dim 0), divided by ``log(L)``: 1 for a uniform average (what a
+    residual stream computes), 0 for a single entry. The report's entropy metric, averaged over all other dims."""
+    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(0).mean()
+    num = weights.shape[0]
+    return entropy / math.log(num) if num > 1 else torch.zeros_like(entropy)
+
+
+class DepthKey(nn.Module):
+    """Puts a block's key ``(B, N, key_dim)`` into the form the memory stores: optionally unit L2 per head (the
+    report's key normalisation), and ``[k_h, ||k_h||^2]`` per head for Gaussian depth attention (see
+    :func:`~timm_hbf.layers.hyperbf_kernel.distance_key`)."""
+    normalize: Final[bool]
+    gaussian: Final[bool]
+
+    def __init__(self, key_dim: int, num_heads: int, normalize: bool = False, kernel: str = 'dot') -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.normalize = normalize
+        self.gaussian = kernel == 'gaussian'
+        self.width = key_dim + (num_heads if self.gaussian else 0)
+
+    def forward(self, k: torch.Tensor) -> torch.Tensor:
+        k = k.unflatten(-1, (self.num_heads, -1))
+        if self.normalize:
+            k = nn.functional.normalize(k, dim=-1)
+        if self.gaussian:
+            k = distance_key(k)
+        return k.flatten(-2)
+
+
+class DepthAttention(nn.Module):
+    """One block's read of the depth memory (Eq. 1-2): a zero-initialised query per head, attention over the
+    entries, then LayerNorm without affine (report appendix) or no norm.
+
+    Args:
+        dim: Value width (the token width).
+        key_dim: Key width, before :class:`DepthKey`.
+        num_heads: Heads; they split the key and the value channels.
+        kernel: ``'dot'`` (softmax of ``q . k``, the report's default) or ``'gaussian'`` (softmax of
+            ``-gamma ||q - k||^2``, the report's L2 attention, with the HyperBF kernel and one width per head).
+        norm: LayerNorm (without affine) on the result.
+        path_drop: Dropout on the attention weights (the report's path dropout).
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            key_dim: int,
+            num_heads: int,
+            kernel: str = 'dot',
+            norm: bool = True,
+            path_drop: float = 0.,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        if kernel not in DEPTH_KERNELS:
+            raise ValueError(f"Unknown depth-attention kernel '{kernel}': use one of {DEPTH_KERNELS}.")
+        if dim % num_heads or key_dim % num_heads:
+            raise ValueError(
+                f'dim ({dim}) and key_dim ({key_dim}) must both be divisible by the {num_heads} depth-attention '
+                f'heads; choose depth_num_heads among their common divisors.')
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.path_drop = path_drop
+        self.query = nn.Parameter(torch.zeros(num_heads, key_dim // num_heads, **dd))
+        # gamma = 1/2: -gamma ||q - k||^2 keeps the q . k term of the dot-product kernel
+        self.kernel = HyperBFKernel(key_dim // num_heads, num_heads, gamma_init=.5, **dd) \
+            if kernel == 'gaussian' else None
+        self.norm = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False, **dd) if norm else nn.Identity()
+
+    def init_weights(self) -> None:
+        nn.init.zeros_(self.query)
+
+    def operand(self) -> torch.Tensor:
+        """The query as a dot-product operand against stored keys, ``(H, key width per head)``."""
+        if self.kernel is None:
+            return self.query
+        return self.kernel.distance_query(self.query)
+
+    def weights(self, keys: torch.Tensor, num_entries: int) -> torch.Tensor:
+        """Attention weights ``(num_entries, B, N, H)`` over the first entries of the key buffer."""
+        return _depth_weights(self.operand(), keys[:num_entries])
+
+    def forward(
+            self,
+            keys: torch.Tensor,
+            values: torch.Tensor,
+            key_entries: List[torch.Tensor],
+            value_entries: List[torch.Tensor],
+    ) -> torch.Tensor:
+        keep: Optional[torch.Tensor] = None
+        if self.training and self.path_drop > 0.:
+            shape: Tuple[int, int, int, int] = (len(key_entries), keys.shape[1], keys.shape[2], self.num_heads)
+            keep = torch.empty(shape, device=keys.device).bernoulli_(1. - self.path_drop) / (1. - self.path_drop)
+        out = depth_attend(self.operand(), keys, values, key_entries, value_entries, keep)
+        return self.norm(out)
+
+    def extra_repr(self) -> str:
+        return f'num_heads={self.num_heads}, path_drop={self.path_drop}'
