@@ -9,7 +9,6 @@ heads. Untrained models read uniformly (every row is 1 / entries seen, a residua
 metric of the SURF report (1: uniform, 0: a single entry) is printed per read. Needs matplotlib.
 """
 import argparse
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -17,7 +16,7 @@ import timm
 import torch
 from timm.data import create_dataset, create_transform, resolve_data_config
 from timm.utils import ParseKwargs
-from train_cifar10 import DEFAULT_DATA, image_folder
+from train_cifar10 import DEFAULT_CACHE, DEFAULT_DATA, image_folder
 
 import timm_hbf  # noqa: F401  (registers the models)
 
@@ -48,6 +47,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
     parser.add_argument('--checkpoint', default='', help="train.py checkpoint (default: an untrained model)")
     parser.add_argument('--data', default=str(DEFAULT_DATA), help='CIFAR-10 archive (.tar.gz) or extracted folder')
+    parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
+                        help='where an archive is extracted, once (default: %(default)s)')
     parser.add_argument('--images', type=int, default=256, help='test images to average over')
     parser.add_argument('--out', default='depth_attention.png')
     args = parser.parse_args(argv)
@@ -56,11 +57,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     if not hasattr(model, 'depth_attention_stats'):
         raise SystemExit(f'{args.model} has no depth attention: use a vit_qimia_* model.')
     config = resolve_data_config(model=model)
-    with tempfile.TemporaryDirectory() as tmp:
-        dataset = create_dataset('', root=str(image_folder(Path(args.data), tmp)), split='test',
-                                 transform=create_transform(**config))
-        step = max(len(dataset) // args.images, 1)  # spread over the classes
-        batch = torch.stack([dataset[i][0] for i in range(0, step * args.images, step)])
+    root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
+    dataset = create_dataset('', root=str(root), split='test', transform=create_transform(**config))
+    step = max(len(dataset) // args.images, 1)  # spread over the classes
+    batch = torch.stack([dataset[i][0] for i in range(0, step * args.images, step)])
     stats = model.depth_attention_stats(batch)
     for reader, entropy, norm in zip(stats['readers'], stats['entropy'].tolist(), stats['query_norm'].tolist()):
         print(f'{reader:>8}: entropy {entropy:.3f}, query norm {norm:.3f}')

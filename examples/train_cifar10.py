@@ -9,16 +9,19 @@ It is the short version of what timm's train.py does, with timm's own components
 ``create_transform`` for the data, ``create_optimizer_v2`` (AdamW, no weight decay on the parameters the model
 lists in ``no_weight_decay()``), ``create_scheduler_v2`` (linear warmup, then cosine, stepped every update),
 ``ModelEmaV3`` and ``CheckpointSaver``. An epoch is ``--train-images`` random images of the train split, so each epoch
-sees new ones. The checkpoint is train.py's format (``--resume`` continues from it) and carries the EMA weights, which
-``timm.create_model(name, checkpoint_path=...)`` loads; the accuracy printed at the end is that of the model loaded
-back from the checkpoint this way, on the first ``--test-images`` of the test split (class-balanced).
+sees new ones. The checkpoint has train.py's layout (``state_dict``, ``state_dict_ema``, ``optimizer``, ``args``);
+``timm.create_model(name, num_classes=10, checkpoint_path=...)`` loads its EMA weights, and the accuracy printed at the
+end is that of the model loaded back this way, on ``--test-images`` images spread evenly over the test split (so
+over the classes).
 
-``--data`` takes the CIFAR-10 archive of ``../shared/datasets`` (extracted into a temporary folder, a few seconds) or
-a folder with ``train/`` and ``test/`` in the ImageFolder layout.
+``--data`` takes the CIFAR-10 archive of ``../shared/datasets``, extracted once into ``--cache-dir`` (a few seconds),
+or a folder with ``train/`` and ``test/`` in the ImageFolder layout.
 """
 import argparse
 import itertools
+import os
 import platform
+import shutil
 import tarfile
 import tempfile
 import time
@@ -39,14 +42,27 @@ import timm_hbf
 
 # ../shared/datasets/ from the repository root
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / 'shared' / 'datasets' / 'cifar10-jpeg.tar.gz'
+DEFAULT_CACHE = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'timm_hbf'
 
 
-def image_folder(data: Path, tmp: str) -> Path:
-    """The folder holding ``train/`` and ``test/``: ``data`` itself, or the archive ``data`` extracted into ``tmp``."""
+def image_folder(data: Path, cache: Path) -> Path:
+    """The folder holding ``train/`` and ``test/``: ``data`` itself, or the archive ``data`` extracted into ``cache``
+    (once: later runs find it there)."""
     if data.is_file():
-        with tarfile.open(data) as tar:
-            tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
-        data = Path(tmp)
+        target = cache / f"{data.name.split('.')[0]}-{data.stat().st_size}"
+        if not target.is_dir():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=cache))
+            try:
+                with tarfile.open(data) as tar:
+                    tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+                tmp.rename(target)
+            except OSError:
+                if not target.is_dir():  # else another run extracted it meanwhile
+                    raise
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        data = target
     for root in [data, *sorted(data.iterdir())]:
         if (root / 'train').is_dir() and (root / 'test').is_dir():
             return root
@@ -67,6 +83,8 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, amp: bool) -> float:
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--data', default=str(DEFAULT_DATA), help='CIFAR-10 archive (.tar.gz) or extracted folder')
+    parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
+                        help='where an archive is extracted, once (default: %(default)s)')
     parser.add_argument('--model', default='vit_hyperbf_tiny', help='any timm model name (default: %(default)s)')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
                         help='extra create_model arguments, as in train.py (e.g. img_size=32 patch_size=4)')
@@ -78,6 +96,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--warmup-epochs', type=float, default=0.1, help='linear warmup, in epochs (may be a fraction)')
     parser.add_argument('--weight-decay', type=float, default=0.05)
     parser.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
+    parser.add_argument('--crop-scale', type=float, default=0.75,
+                        help='random-resized crops of this fraction of the image area or more (1: no crops)')
     parser.add_argument('--drop-path', type=float, default=0., help='stochastic depth rate')
     parser.add_argument('--ema-decay', type=float, default=0.999, help='ModelEmaV3 decay (with warmup)')
     parser.add_argument('--amp', action='store_true', help='bfloat16 autocast (faster on CPUs with bf16 support)')
@@ -94,67 +114,65 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     model = timm.create_model(args.model, num_classes=10, drop_path_rate=args.drop_path, **args.model_kwargs)
     # CIFAR-10 at its own 32 x 32; mean, std and interpolation from the model's pretrained_cfg
     data_config = resolve_data_config(dict(input_size=(3, 32, 32), crop_pct=1.0), model=model)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = image_folder(Path(args.data).expanduser(), tmp)
-        train_set = create_dataset('', root=str(root / 'train'), is_training=True)
-        train_set.transform = create_transform(
-            **data_config, is_training=True, scale=(0.75, 1.), hflip=0.5, color_jitter=0.)
-        test_set = create_dataset('', root=str(root / 'test'))
-        test_set.transform = create_transform(**data_config)
-        n_test = min(args.test_images, len(test_set))
-        # ImageFolder sorts by class: evenly spaced indices keep the test subset balanced over the classes
-        test_set = Subset(test_set, [i * len(test_set) // n_test for i in range(n_test)])
+    root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
+    train_set = create_dataset('', root=str(root / 'train'), is_training=True)
+    train_set.transform = create_transform(
+        **data_config, is_training=True, scale=(args.crop_scale, 1.), hflip=0.5, color_jitter=0.)
+    test_set = create_dataset('', root=str(root / 'test'))
+    test_set.transform = create_transform(**data_config)
+    n_test = min(args.test_images, len(test_set))
+    # ImageFolder sorts by class: evenly spaced indices keep the test subset balanced over the classes
+    test_subset = Subset(test_set, [i * len(test_set) // n_test for i in range(n_test)])
 
-        steps = min(args.train_images, len(train_set)) // args.batch_size
-        loader_kwargs = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
-        train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=True, **loader_kwargs)
-        test_loader = DataLoader(test_set, 2 * args.batch_size, **loader_kwargs)
+    steps = min(args.train_images, len(train_set)) // args.batch_size
+    loader_kwargs = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
+    train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=True, **loader_kwargs)
+    test_loader = DataLoader(test_subset, 2 * args.batch_size, **loader_kwargs)
 
-        optimizer = create_optimizer_v2(model, 'adamw', lr=args.lr, weight_decay=args.weight_decay)
-        scheduler, _ = create_scheduler_v2(
-            optimizer, 'cosine', num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, warmup_lr=args.lr / 100,
-            step_on_epochs=False, updates_per_epoch=steps,
-        )
-        ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True)
-        loss_fn = LabelSmoothingCrossEntropy(args.smoothing)
-        output = Path(args.output) / args.model
-        output.mkdir(parents=True, exist_ok=True)
-        saver = CheckpointSaver(model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(output),
-                                recovery_dir=str(output), max_history=1)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=args.lr, weight_decay=args.weight_decay)
+    scheduler, _ = create_scheduler_v2(
+        optimizer, 'cosine', num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, warmup_lr=args.lr / 100,
+        step_on_epochs=False, updates_per_epoch=steps,
+    )
+    ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True)
+    loss_fn = LabelSmoothingCrossEntropy(args.smoothing)
+    output = Path(args.output) / args.model
+    output.mkdir(parents=True, exist_ok=True)
+    saver = CheckpointSaver(model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(output),
+                            recovery_dir=str(output), max_history=1)
 
-        threads = torch.get_num_threads()
-        print(f'{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; '
-              f'CPU ({platform.machine()}, {threads} thread{"s" if threads > 1 else ""}), torch {torch.__version__}, '
-              f'timm {timm.__version__}, timm_hbf {timm_hbf.__version__}')
-        print(f'train: {args.epochs} x {steps * args.batch_size} of {len(train_set)} images ({steps} updates of '
-              f'{args.batch_size} per epoch), {"bfloat16 autocast" if args.amp else "float32"}; '
-              f'test: {n_test} of {len(test_set.dataset)} images')
+    threads = torch.get_num_threads()
+    print(f'{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; '
+          f'CPU ({platform.machine()}, {threads} thread{"s" if threads > 1 else ""}), torch {torch.__version__}, '
+          f'timm {timm.__version__}, timm_hbf {timm_hbf.__version__}')
+    print(f'train: {args.epochs} x {steps * args.batch_size} of {len(train_set)} images ({steps} updates of '
+          f'{args.batch_size} per epoch), {"bfloat16 autocast" if args.amp else "float32"}; '
+          f'test: {n_test} of {len(test_set)} images', flush=True)
 
-        train_start = time.perf_counter()
-        update = 0
-        for epoch in range(args.epochs):
-            model.train()
-            bar = tqdm(itertools.islice(train_loader, steps), total=steps, desc=f'epoch {epoch + 1}/{args.epochs}',
-                       unit='batch')
-            for images, targets in bar:
-                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=args.amp):
-                    loss = loss_fn(model(images), targets)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                update += 1
-                scheduler.step_update(update)
-                ema.update(model, step=update)
-                bar.set_postfix(loss=f'{loss.item():.3f}', lr=f'{optimizer.param_groups[0]["lr"]:.2e}')
-            saver.save_checkpoint(epoch)
-        train_s = time.perf_counter() - train_start
+    train_start = time.perf_counter()
+    update = 0
+    for epoch in range(args.epochs):
+        model.train()
+        bar = tqdm(itertools.islice(train_loader, steps), total=steps, desc=f'epoch {epoch + 1}/{args.epochs}',
+                   unit='batch')
+        for images, targets in bar:
+            with torch.autocast('cpu', dtype=torch.bfloat16, enabled=args.amp):
+                loss = loss_fn(model(images), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            update += 1
+            scheduler.step_update(update)
+            ema.update(model, step=update)
+            bar.set_postfix(loss=f'{loss.item():.3f}', lr=f'{optimizer.param_groups[0]["lr"]:.2e}')
+        saver.save_checkpoint(epoch)
+    train_s = time.perf_counter() - train_start
 
-        checkpoint = output / 'last.pth.tar'
-        trained = timm.create_model(args.model, num_classes=10, checkpoint_path=str(checkpoint), **args.model_kwargs)
-        eval_start = time.perf_counter()
-        top1 = evaluate(trained, test_loader, args.amp)
-        eval_s = time.perf_counter() - eval_start
-
+    checkpoint = output / 'last.pth.tar'
+    trained = timm.create_model(args.model, num_classes=10, checkpoint_path=str(checkpoint), **args.model_kwargs)
+    eval_start = time.perf_counter()
+    top1 = evaluate(trained, test_loader, args.amp)
+    eval_s = time.perf_counter() - eval_start
     total_s = time.perf_counter() - start
     print(f'checkpoint: {checkpoint}  (timm.create_model({args.model!r}, num_classes=10, '
           f'checkpoint_path=...) loads its EMA weights)')

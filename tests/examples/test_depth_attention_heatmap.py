@@ -27,7 +27,7 @@ def test_untrained_model_reads_uniformly_and_the_heatmap_is_drawn(heatmap_script
     out = tmp_path / 'heatmap.png'
     stats = heatmap_script.main([
         '--model', 'vit_qimia_tiny', '--model-kwargs', 'depth=2', '--data', str(MINI), '--images', '16',
-        '--out', str(out),
+        '--cache-dir', str(tmp_path / 'cache'), '--out', str(out),
     ])
     torch.testing.assert_close(stats['entropy'], torch.ones(5))
     assert 'mean entropy 1.000 over 5 reads' in capsys.readouterr().out

@@ -1,4 +1,5 @@
 """The HyperBF ViT family: registration, configurations and timm's model API."""
+import os
 import subprocess
 import sys
 
@@ -35,7 +36,8 @@ def test_registered_names():
 
 def test_names_are_new_to_timm():
     code = "import timm; print(timm.list_models('vit_hyperbf*') + timm.list_models(module='vit_hyperbf'))"
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, TIMM_HBF_NO_AUTOLOAD='1')  # timm alone: without the import hook that registers ours
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == '[]'
 
 

@@ -84,8 +84,9 @@ class _DepthAttend(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        weights, query = ctx.saved_tensors[:2]
-        keep = ctx.saved_tensors[2] if ctx.has_keep else None
+        saved = ctx.saved_tensors  # unpacked once: grad checkpointing allows no second unpack
+        weights, query = saved[:2]
+        keep = saved[2] if ctx.has_keep else None
         L, B, N, H = weights.shape
         keys, values = ctx.keys.view(L, B, N, H, -1), ctx.values.view(L, B, N, H, -1)
         grad = grad.view(B, N, H, -1)

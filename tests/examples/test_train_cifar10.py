@@ -1,0 +1,62 @@
+"""examples/train_cifar10.py on the mini CIFAR-10 archive, with a tiny budget: it trains, saves a checkpoint that
+``timm.create_model(..., checkpoint_path=...)`` loads, and prints the accuracy of that loaded model."""
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from timm.data import create_dataset, create_transform, resolve_data_config
+from torch.utils.data import DataLoader, Subset
+
+import timm_hbf  # noqa: F401  (registers the models)
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / 'examples' / 'train_cifar10.py'
+MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../shared/datasets/ from the repo root
+MODELS = ['vit_hyperbf_tiny', 'vit_qimia_tiny']
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location('train_cifar10', SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def threads():
+    """The script sets torch's thread count for the process: put it back."""
+    count = torch.get_num_threads()
+    yield
+    torch.set_num_threads(count)
+
+
+@pytest.mark.skipif(not MINI.exists(), reason=f'mini CIFAR-10 archive not found at {MINI}')
+@pytest.mark.parametrize('model_name', MODELS)
+def test_train_cifar10(model_name, capsys, tmp_path, threads):
+    script = load_script()
+    result = script.main([
+        '--data', str(MINI), '--model', model_name, '--model-kwargs', 'depth=2', '--epochs', '2',
+        '--train-images', '64', '--test-images', '40', '--batch-size', '16', '--threads', '1', '--workers', '0',
+        '--cache-dir', str(tmp_path / 'cache'), '--output', str(tmp_path),
+    ])
+    out, err = capsys.readouterr()
+    assert 'train: 2 x 64 of 1000 images (4 updates of 16 per epoch), float32; test: 40 of 200 images' in out
+    assert 'epoch 2/2: 100%' in err  # the progress bar
+    assert re.search(r'^time: \d+ s in all \(\d+ s training, \d+ s evaluation\)$', out, re.M)
+
+    checkpoint = tmp_path / model_name / 'last.pth.tar'
+    assert result['checkpoint'] == checkpoint and checkpoint.is_file()
+    model = timm.create_model(model_name, num_classes=10, depth=2, checkpoint_path=str(checkpoint)).eval()
+    # the same 40 test images, evenly spread over the classes, through the model's eval transform
+    assert len(list((tmp_path / 'cache').iterdir())) == 1  # the archive, extracted once
+    test_set = create_dataset('', root=str(script.image_folder(MINI, tmp_path / 'cache') / 'test'))
+    test_set.transform = create_transform(**resolve_data_config(dict(input_size=(3, 32, 32), crop_pct=1.0),
+                                                                model=model))
+    images, targets = next(iter(DataLoader(Subset(test_set, [i * 200 // 40 for i in range(40)]), batch_size=40)))
+    with torch.inference_mode():
+        top1 = 100. * (model(images).argmax(-1) == targets).float().mean().item()
+    assert result['top1'] == pytest.approx(top1)
+    assert f'test accuracy: {top1:.2f} % top-1 on 40 CIFAR-10 test images (chance: 10 %)' in out

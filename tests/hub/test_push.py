@@ -1,0 +1,211 @@
+"""``timm-hbf push`` against the loopback Hub, and the pull of what it pushed with ``timm.create_model('hf-hub:...')``,
+each in a fresh process with its own HF_HOME."""
+import argparse
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+from huggingface_hub import HfApi, snapshot_download
+from timm.data import ImageDataset, create_transform, resolve_data_config
+
+from timm_hbf.cli import main
+
+from .conftest import CIFAR10_LABELS, TOKEN, run_pull, run_push
+
+# huggingface_hub's LFS upload passes bytes as data=, which its HTTP library deprecates: not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
+
+PUSHED_FILES = {'.gitattributes', 'README.md', 'config.json', 'model.safetensors', 'training_curves.png'}
+
+
+def reference_logits(train_run, images, weights: str = 'state_dict'):
+    """The logits of the checkpoint's weights on ``images``, preprocessed as train.py evaluated them, computed here
+    without timm_hbf.hub; and the weights."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        checkpoint = torch.load(train_run / 'model_best.pth.tar', map_location='cpu', weights_only=True)
+    args = yaml.safe_load((train_run / 'args.yaml').read_text())
+    model = timm.create_model(args['model'], num_classes=args['num_classes'], **args['model_kwargs']).eval()
+    model.load_state_dict(checkpoint[weights])
+    dataset = ImageDataset(str(images), transform=create_transform(**resolve_data_config(args, model=model)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same reduction order as the pulling process
+    try:
+        with torch.no_grad():
+            return model(torch.stack([dataset[i][0] for i in range(len(dataset))])), checkpoint[weights]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_same_tensors(a, b):
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_push_then_pull_over_lfs_gives_identical_logits(fresh_hub, train_run, cifar10, tmp_path):
+    repo = 'push/hbf-lfs'
+    proc = run_push(fresh_hub, tmp_path / 'push-home', [str(train_run), '--repo-id', repo], HF_HUB_DISABLE_XET='1')
+    assert proc.returncode == 0, proc.stderr
+    commit = fresh_hub.repos[repo].refs['main']
+    assert f'/{repo}/commit/{commit}' in proc.stdout and f"'hf-hub:{repo}@{commit}'" in proc.stdout
+    files = fresh_hub.files(repo)
+    assert set(files) == PUSHED_FILES  # safetensors only
+    weights = hashlib.sha256(files['model.safetensors']).hexdigest()
+    # An LFS object the Hub holds already is not sent again: the weights may be there from other tests, the curves
+    # (titled with the repo id) are not.
+    curves = hashlib.sha256(files['training_curves.png']).hexdigest()
+    requests = [(r.method, r.path, r.status) for r in fresh_hub.requests]
+    for request in [
+        ('POST', '/api/repos/create', 200),
+        ('POST', '/api/models/push/hbf-lfs/preupload/main', 200),
+        ('POST', '/push/hbf-lfs.git/info/lfs/objects/batch', 200),
+        ('PUT', f'/_lfs/{curves}', 200),
+        ('POST', f'/_lfs/{curves}/verify', 200),
+        ('POST', '/api/models/push/hbf-lfs/commit/main', 200),
+    ]:
+        assert request in requests
+    assert fresh_hub.repos[repo].commits[commit]['model.safetensors'].lfs
+
+    fresh_hub.requests.clear()
+    images = cifar10 / 'test'
+    pulled = run_pull(fresh_hub, tmp_path / 'pull-home', f'hf-hub:{repo}', images, tmp_path / 'pulled.pt')
+    requests = [(r.method, r.path, r.status) for r in fresh_hub.requests]
+    assert ('HEAD', f'/{repo}/resolve/main/model.safetensors', 302) in requests  # redirected to the CDN
+    assert ('GET', f'/_cdn/{weights}', 200) in requests
+    logits, state_dict = reference_logits(train_run, images)
+    assert pulled['logits'].shape == (200, 10) and torch.equal(pulled['logits'], logits)
+    assert_same_tensors(pulled['state_dict'], state_dict)
+    assert pulled['pretrained_cfg']['hf_hub_id'] == repo
+
+    fresh_hub.requests.clear()
+    again = run_pull(fresh_hub, tmp_path / 'pull-home', f'hf-hub:{repo}', images, tmp_path / 'again.pt',
+                     HF_HUB_OFFLINE='1')
+    assert fresh_hub.requests == []
+    assert torch.equal(again['logits'], logits)
+
+
+def test_push_ema_then_pull_pinned_commit_over_regular_upload(fresh_hub, train_run, cifar10, tmp_path):
+    """The client's defaults (Xet enabled), with a Hub that takes every file in the commit itself."""
+    repo = 'push/hbf-regular'
+    fresh_hub.upload_mode = 'regular'
+    args = [str(train_run / 'model_best.pth.tar'), '--repo-id', repo, '--ema', '--label-names', *CIFAR10_LABELS]
+    proc = run_push(fresh_hub, tmp_path / 'push-home', args)
+    assert proc.returncode == 0, proc.stderr
+    commit = fresh_hub.repos[repo].refs['main']
+    paths = [r.path for r in fresh_hub.requests]
+    assert f'/api/models/{repo}/preupload/main' in paths and f'/api/models/{repo}/commit/main' in paths
+    assert not [p for p in paths if 'lfs' in p or 'xet' in p]
+    assert not any(blob.lfs for blob in fresh_hub.repos[repo].commits[commit].values())
+
+    fresh_hub.publish(repo, {'README.md': b'a later commit'})  # the pinned commit is no longer the head of main
+    images = cifar10 / 'test'
+    pulled = run_pull(fresh_hub, tmp_path / 'pull-home', f'hf-hub:{repo}@{commit}', images, tmp_path / 'pulled.pt')
+    logits, state_dict = reference_logits(train_run, images, weights='state_dict_ema')
+    assert torch.equal(pulled['logits'], logits)
+    assert_same_tensors(pulled['state_dict'], state_dict)
+    assert pulled['pretrained_cfg']['label_names'] == CIFAR10_LABELS
+
+
+# --- options, in this process ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def logged_in(hub_cache, monkeypatch):
+    monkeypatch.setenv('HF_TOKEN', TOKEN)
+    return hub_cache
+
+
+def test_dry_run_writes_what_push_pushes(logged_in, fresh_hub, train_run, tmp_path, capsys):
+    folder = tmp_path / 'dry'
+    assert main(['push', str(train_run), '--repo-id', 'push/dry', '--dry-run', str(folder)]) == 0
+    assert fresh_hub.requests == []
+    assert f'to {folder}; nothing was pushed' in capsys.readouterr().out
+    assert main(['push', str(train_run), '--repo-id', 'push/dry']) == 0
+    assert fresh_hub.files('push/dry') == {
+        '.gitattributes': fresh_hub.files('push/dry')['.gitattributes'],
+        **{p.name: p.read_bytes() for p in folder.iterdir()},
+    }
+
+
+def test_label_names_from_a_file(train_run, tmp_path):
+    (tmp_path / 'labels.txt').write_text('--label-names\n' + '\n'.join(CIFAR10_LABELS) + '\n')
+    folder = tmp_path / 'dry'
+    assert main(['push', str(train_run), '--repo-id', 'push/labels', f'@{tmp_path / "labels.txt"}',
+                 '--dry-run', str(folder)]) == 0
+    assert json.loads((folder / 'config.json').read_text())['label_names'] == CIFAR10_LABELS
+
+
+def test_private_repo(logged_in, fresh_hub, train_run):
+    assert main(['push', str(train_run), '--repo-id', 'push/private', '--private']) == 0
+    assert fresh_hub.repos['push/private'].private
+
+
+def test_revision_commits_to_a_new_branch(logged_in, fresh_hub, train_run):
+    assert main(['push', str(train_run), '--repo-id', 'push/branch', '--revision', 'dev']) == 0
+    assert set(fresh_hub.files('push/branch', 'dev')) == PUSHED_FILES
+    assert set(fresh_hub.files('push/branch', 'main')) == {'.gitattributes'}
+
+
+def test_create_pr(logged_in, fresh_hub, train_run, capsys):
+    assert main(['push', str(train_run), '--repo-id', 'push/pr', '--create-pr']) == 0
+    assert f'{fresh_hub.endpoint}/push/pr/discussions/1' in capsys.readouterr().out
+    assert set(fresh_hub.files('push/pr', 'refs/pr/1')) == PUSHED_FILES
+    assert set(fresh_hub.files('push/pr', 'main')) == {'.gitattributes'}
+
+
+def test_pytorch_bin_only_when_asked(logged_in, fresh_hub, train_run):
+    assert main(['push', str(train_run), '--repo-id', 'push/bin', '--pytorch-bin']) == 0
+    assert set(fresh_hub.files('push/bin')) == PUSHED_FILES | {'pytorch_model.bin'}
+
+
+# --- failures -------------------------------------------------------------------------------------------------------
+
+def test_not_logged_in(hub_cache, fresh_hub, train_run, capsys):
+    assert main(['push', str(train_run), '--repo-id', 'push/anonymous']) == 1
+    assert capsys.readouterr().err == (
+        'error: Pushing to push/anonymous@main failed: you are not logged in (HTTP 401): log in with '
+        '`hf auth login` or set HF_TOKEN to a token with write access.\n')
+    assert 'push/anonymous' not in fresh_hub.repos
+
+
+def test_token_refused(hub_cache, fresh_hub, train_run, monkeypatch, capsys):
+    monkeypatch.setenv('HF_TOKEN', 'hf_not_a_valid_token')
+    assert main(['push', str(train_run), '--repo-id', 'push/refused']) == 1
+    assert 'failed: the Hub refused your token (HTTP 401): log in with `hf auth login`' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('method, path, kind, message', [
+    ('POST', '/api/models/*/commit/*', 'status', r'http://\S+ answered HTTP 500, an error on the server side'),
+    ('PUT', '/_lfs/*', 'drop', r'the transfer broke off \(RemoteProtocolError: Server disconnected'),
+])
+def test_lasting_fault_commits_nothing(logged_in, fresh_hub, train_run, no_backoff, capsys, method, path, kind,
+                                       message):
+    fresh_hub.fail(method, path, kind, times=20)
+    repo = f'push/faulty-{kind}'  # a repo of its own: its LFS files are not on the Hub yet
+    assert main(['push', str(train_run), '--repo-id', repo]) == 1
+    assert re.search(f'error: Pushing to {repo}@main failed: {message}', capsys.readouterr().err)
+    assert set(fresh_hub.files(repo)) == {'.gitattributes'}
+
+
+def test_checkpoint_of_another_architecture_is_refused_before_any_request(logged_in, fresh_hub, train_run, capsys):
+    assert main(['push', str(train_run), '--repo-id', 'push/small', '--model', 'vit_hyperbf_small']) == 1
+    assert 'does not fit vit_hyperbf_small' in capsys.readouterr().err
+    assert fresh_hub.requests == []
+
+
+def test_pushed_repo_through_the_hub_api(logged_in, fresh_hub, train_run, tmp_path):
+    """Model info, the file tree and a snapshot download of a pushed repo: what other Hub clients see."""
+    assert main(['push', str(train_run), '--repo-id', 'push/api']) == 0
+    commit, files = fresh_hub.repos['push/api'].refs['main'], fresh_hub.files('push/api')
+    api = HfApi()
+    info = api.model_info('push/api')
+    assert info.sha == commit and {s.rfilename for s in info.siblings} == PUSHED_FILES
+    tree = {entry.path: entry for entry in api.list_repo_tree('push/api', recursive=True)}
+    assert tree.keys() == PUSHED_FILES
+    assert tree['model.safetensors'].lfs.sha256 == hashlib.sha256(files['model.safetensors']).hexdigest()
+    assert tree['config.json'].lfs is None and tree['config.json'].size == len(files['config.json'])
+    snapshot = Path(snapshot_download('push/api', local_dir=tmp_path / 'snapshot'))
+    assert {p.name: p.read_bytes() for p in snapshot.iterdir() if p.is_file()} == files

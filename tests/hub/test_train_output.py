@@ -1,0 +1,123 @@
+"""Reading train.py's output: the checkpoint a folder stands for, EMA weights, the recipe, the metrics, and only
+weights-only unpickling."""
+import argparse
+import pickle
+import shutil
+
+import pytest
+import safetensors.torch
+import torch
+import yaml
+
+from timm_hbf.hub import HubError, read_train_output
+
+
+def load_checkpoint(path):
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def assert_same_tensors(a, b):
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_folder_stands_for_its_best_checkpoint(train_run):
+    train = read_train_output(train_run)
+    best = load_checkpoint(train_run / 'model_best.pth.tar')
+    assert train.checkpoint == train_run / 'model_best.pth.tar'
+    assert train.arch == 'vit_hyperbf_tiny'
+    assert train.model_kwargs == {'depth': 2, 'num_classes': 10, 'in_chans': 3}
+    assert_same_tensors(train.state_dict, best['state_dict'])
+    assert not train.ema and train.epoch == best['epoch']
+    assert train.args == yaml.safe_load((train_run / 'args.yaml').read_text())
+    assert [row['epoch'] for row in train.summary] == [0, 1, 2, 3]
+    assert set(train.summary[0]) == {'epoch', 'train_loss', 'eval_loss', 'eval_top1', 'eval_top5', 'lr'}
+    assert max(train.summary, key=lambda row: row['eval_top1'])['eval_top1'] == best['metric']
+
+
+def test_folder_without_best_checkpoint_stands_for_the_last(train_run, tmp_path):
+    run = shutil.copytree(train_run, tmp_path / 'run')
+    (run / 'model_best.pth.tar').unlink()
+    assert read_train_output(run).checkpoint == run / 'last.pth.tar'
+
+
+def test_ema_weights(train_run):
+    train = read_train_output(train_run / 'last.pth.tar', ema=True)
+    assert train.ema and train.epoch == 3
+    assert_same_tensors(train.state_dict, load_checkpoint(train_run / 'last.pth.tar')['state_dict_ema'])
+
+
+def test_create_model_gives_the_checkpoint_weights_in_eval_mode(train_run):
+    train = read_train_output(train_run)
+    model = train.create_model()
+    assert not model.training and len(model.blocks) == 2
+    assert_same_tensors(model.state_dict(), train.state_dict)
+
+
+def test_args_come_from_the_checkpoint_without_args_yaml(train_run, tmp_path):
+    shutil.copy(train_run / 'last.pth.tar', tmp_path)
+    train = read_train_output(tmp_path / 'last.pth.tar')
+    assert train.args['model_kwargs'] == {'depth': 2} and train.arch == 'vit_hyperbf_tiny'
+    assert train.summary == []
+
+
+def test_state_dict_needs_the_model_name(train_run, tmp_path):
+    state_dict = load_checkpoint(train_run / 'last.pth.tar')['state_dict']
+    safetensors.torch.save_file(state_dict, tmp_path / 'weights.safetensors')
+    with pytest.raises(HubError, match='does not name its architecture: pass --model'):
+        read_train_output(tmp_path / 'weights.safetensors')
+    train = read_train_output(tmp_path / 'weights.safetensors', model_name='vit_hyperbf_tiny')
+    assert train.epoch is None and train.model_kwargs == {'num_classes': 10, 'in_chans': 3}
+    with pytest.raises(HubError, match=r'does not fit vit_hyperbf_tiny .*: 130 missing \(blocks\.2\.norm1\.weight, '):
+        train.create_model()  # the weights have 2 blocks; without args.yaml, the model has 12
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(model_name='vit_hyperbf_small'),
+     r'does not fit vit_hyperbf_small .*: 33 of another shape \(cls_token \(1, 1, 192\) for \(1, 1, 384\), '),
+    (dict(model_name='not_a_model'), "names 'not_a_model', which timm does not know"),
+])
+def test_wrong_architecture_is_named(train_run, kwargs, message):
+    with pytest.raises(HubError, match=message):
+        read_train_output(train_run, **kwargs).create_model()
+
+
+def test_plain_state_dict_has_no_ema(train_run, tmp_path):
+    torch.save(load_checkpoint(train_run / 'last.pth.tar')['state_dict'], tmp_path / 'weights.pth')
+    with pytest.raises(HubError, match='has no EMA weights: train.py saves them when it trains with --model-ema'):
+        read_train_output(tmp_path / 'weights.pth', model_name='vit_hyperbf_tiny', ema=True)
+
+
+class Payload:
+    def __reduce__(self):
+        return exec, ("open(__import__('os').environ['PAYLOAD_MARK'], 'w').close()",)
+
+
+def test_pickled_code_never_runs(tmp_path, monkeypatch):
+    mark = tmp_path / 'payload-ran'
+    monkeypatch.setenv('PAYLOAD_MARK', str(mark))
+    torch.save({'state_dict': {'w': torch.zeros(1)}, 'extra': Payload()}, tmp_path / 'evil.pth.tar')
+    with pytest.raises(HubError, match='cannot be loaded as weights only'):
+        read_train_output(tmp_path / 'evil.pth.tar')
+    assert not mark.exists()
+    pickle.loads(pickle.dumps(Payload()))  # the payload does run when unpickled unrestricted
+    assert mark.exists()
+
+
+@pytest.mark.parametrize('name, message', [
+    ('missing.pth.tar', 'does not exist'),
+    ('empty-folder', 'has no model_best.pth.tar or last.pth.tar'),
+    ('notes.pth', 'neither a train.py checkpoint nor a state dict of tensors'),
+])
+def test_nothing_to_push(tmp_path, name, message):
+    (tmp_path / 'empty-folder').mkdir()
+    torch.save({'notes': 'hello'}, tmp_path / 'notes.pth')
+    with pytest.raises(HubError, match=message):
+        read_train_output(tmp_path / name)
+
+
+def test_old_torch_is_told_to_upgrade(train_run, monkeypatch):
+    monkeypatch.delattr(torch.serialization, 'safe_globals')
+    with pytest.raises(HubError, match='needs torch 2.5 or newer'):
+        read_train_output(train_run)

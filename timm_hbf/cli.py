@@ -1,0 +1,76 @@
+"""The ``timm-hbf`` command.
+
+``timm-hbf push CHECKPOINT --repo-id ORG/NAME`` pushes a checkpoint of timm's train.py to the Hugging Face Hub.
+"""
+import argparse
+import sys
+from typing import List, Optional
+
+from .hub import HubError, push_to_hub, read_train_output, write_repo_folder
+
+__all__ = ['main']
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except HubError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog='timm-hbf', description='Tools for the timm-hbf models.', fromfile_prefix_chars='@')
+    commands = parser.add_subparsers(title='commands', required=True, metavar='COMMAND')
+    push = commands.add_parser(
+        'push',
+        help='push a train.py checkpoint to the Hugging Face Hub',
+        description="Push a checkpoint of timm's train.py to a Hugging Face Hub model repo: config.json, "
+                    "model.safetensors, and a model card with the training recipe (args.yaml), the final metrics and "
+                    "the training curves (summary.csv). Log in first (hf auth login, or HF_TOKEN). Arguments can be "
+                    "read from a file, one per line: @FILE.",
+    )
+    push.add_argument('checkpoint', metavar='CHECKPOINT',
+                      help="train.py output folder (its model_best.pth.tar, else last.pth.tar) or checkpoint file")
+    push.add_argument('--repo-id', required=True, type=_repo_id, metavar='ORG/NAME', help='the model repo')
+    push.add_argument('--model', metavar='NAME', help='architecture, when neither checkpoint nor args.yaml names it')
+    push.add_argument('--ema', action='store_true', help="push the EMA weights (train.py's --model-ema)")
+    push.add_argument('--label-names', nargs='+', metavar='NAME', help='class names in classifier order')
+    push.add_argument('--private', action='store_true', help='create the repo private')
+    push.add_argument('--revision', metavar='BRANCH', help='commit to this branch, created if missing (default: main)')
+    push.add_argument('--create-pr', action='store_true', help='open a pull request instead of committing')
+    push.add_argument('--pytorch-bin', action='store_true',
+                      help='also push pytorch_model.bin (pickled) for tools that cannot read safetensors')
+    push.add_argument('--dry-run', metavar='FOLDER',
+                      help='write the files that would be pushed into the new folder FOLDER and push nothing')
+    push.set_defaults(run=_push)
+    return parser
+
+
+def _repo_id(value: str) -> str:
+    if value.count('/') != 1 or not all(value.split('/')):
+        raise argparse.ArgumentTypeError(f'{value!r} is not ORG/NAME')
+    return value
+
+
+def _push(args: argparse.Namespace) -> int:
+    train = read_train_output(args.checkpoint, model_name=args.model, ema=args.ema)
+    if args.dry_run:
+        folder = write_repo_folder(train, args.dry_run, args.repo_id, args.label_names, args.pytorch_bin)
+        print(f'Wrote {", ".join(sorted(p.name for p in folder.iterdir()))} to {folder}; nothing was pushed.')
+        return 0
+    info = push_to_hub(
+        train, args.repo_id, label_names=args.label_names, private=args.private, revision=args.revision,
+        create_pr=args.create_pr, pytorch_bin=args.pytorch_bin,
+    )
+    print(f'Pushed {train.checkpoint} to {info.pr_url or info.commit_url}')
+    print(f"Load it with: timm.create_model('hf-hub:{info.repo_url.repo_id}@{info.oid}', pretrained=True)")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

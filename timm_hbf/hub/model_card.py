@@ -1,0 +1,212 @@
+"""The model card (README.md) of a pushed checkpoint and its training-curve image."""
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import timm
+import yaml
+from torch import nn
+
+from .. import __version__
+from .errors import HubError
+from .train_output import TrainOutput
+
+__all__ = ['CURVES_FILE', 'model_card', 'plot_training_curves']
+
+CURVES_FILE = 'training_curves.png'
+TAGS = ('image-classification', 'timm', 'timm_hbf')
+# train.py arguments shown in the card's recipe table, in this order, when set
+RECIPE_KEYS = (
+    'dataset', 'train_split', 'val_split', 'model_kwargs', 'pretrained', 'epochs', 'batch_size', 'grad_accum_steps',
+    'opt', 'lr', 'weight_decay', 'layer_decay', 'sched', 'warmup_epochs', 'min_lr', 'clip_grad', 'smoothing', 'mixup',
+    'cutmix', 'aa', 'reprob', 'drop', 'drop_path', 'model_ema', 'model_ema_decay', 'amp', 'amp_dtype', 'seed',
+)
+# train.py arguments that hold paths on the training machine: not published
+LOCAL_PATH_KEYS = ('data', 'data_dir', 'output', 'resume', 'initial_checkpoint', 'pretrained_path', 'class_map')
+METRICS = (('train_loss', 'train loss'), ('eval_loss', 'eval loss'), ('eval_top1', 'top-1 (%)'),
+           ('eval_top5', 'top-5 (%)'))
+# panels of the training-curve image: y label, then (summary.csv column, legend, colour) per curve
+CURVE_PANELS = (
+    ('loss', (('train_loss', 'train', 'tab:blue'), ('eval_loss', 'eval', 'tab:orange'))),
+    ('top-1 (%)', (('eval_top1', 'eval', 'tab:orange'),)),
+)
+
+
+def model_card(
+        repo_id: str,
+        model: nn.Module,
+        train: TrainOutput,
+        label_names: Optional[Sequence[str]] = None,
+) -> str:
+    """The Markdown of the model card: Hub metadata, usage, architecture and paper, recipe, metrics and the
+    training-curve image (:data:`CURVES_FILE`, pushed beside the card when the run has a ``summary.csv``).
+
+    Args:
+        repo_id: The repo the card is for.
+        model: The model as pushed.
+        train: The checkpoint and its training run.
+        label_names: Class names, in classifier order.
+    """
+    cfg = model.pretrained_cfg
+    front = {'library_name': 'timm', 'license': cfg.get('license') or 'apache-2.0',
+             'pipeline_tag': 'image-classification', 'tags': list(TAGS)}
+    sections = [
+        '---\n' + yaml.safe_dump(front, sort_keys=False) + '---',
+        f'# Model card for {repo_id}',
+        f'A `{train.arch}` image classifier trained with timm\'s `train.py` and pushed with timm-hbf, which '
+        'registers HyperBF and QIMIA Vision Transformers with [timm](https://github.com/huggingface/pytorch-image-models).',
+        _usage(repo_id, label_names),
+        _details(train, model, label_names),
+        _recipe(train.args),
+        _results(train),
+    ]
+    return '\n\n'.join(s for s in sections if s) + '\n'
+
+
+def plot_training_curves(summary: List[Dict[str, float]], path: Path, title: str, epoch: Optional[int] = None) -> None:
+    """Draw loss and top-1 accuracy per epoch from train.py's ``summary.csv`` rows into a PNG at ``path``.
+
+    Args:
+        summary: The rows of ``summary.csv``.
+        path: Where to write the PNG.
+        title: The figure title.
+        epoch: The epoch to mark (that of the pushed weights).
+    """
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as e:
+        raise HubError(
+            'Drawing the training curves needs matplotlib: pip install "timm-hbf[hub]" (or matplotlib).'
+        ) from e
+    panels = [(label, [c for c in curves if c[0] in summary[0]]) for label, curves in CURVE_PANELS]
+    panels = [(label, curves) for label, curves in panels if curves]
+    epochs = [row['epoch'] for row in summary]
+    fig = Figure(figsize=(4.2 * len(panels), 3.4), dpi=100, layout='constrained')
+    fig.suptitle(title)
+    for ax, (label, curves) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for key, legend, color in curves:
+            ax.plot(epochs, [row[key] for row in summary], color=color, marker='o', markersize=3, label=legend)
+        if epoch is not None:
+            ax.axvline(epoch, color='0.6', linestyle=':', label=f'pushed (epoch {epoch})')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel='epoch', ylabel=label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize='small')
+    fig.savefig(path, format='png', metadata={'Software': None})
+
+
+def _usage(repo_id: str, label_names: Optional[Sequence[str]]) -> str:
+    labels = ("\nlabels = model.pretrained_cfg['label_names']\n"
+              "print([(labels[i], p.item()) for p, i in zip(*top5)])") if label_names else '\nprint(top5)'
+    return f'''## Usage
+
+```bash
+pip install timm-hbf
+```
+
+```python
+import timm
+import timm_hbf  # registers the timm-hbf architectures with timm
+import torch
+from PIL import Image
+
+model = timm.create_model('hf-hub:{repo_id}', pretrained=True).eval()
+transform = timm.data.create_transform(**timm.data.resolve_model_data_config(model), is_training=False)
+
+image = Image.open('image.jpg').convert('RGB')
+with torch.no_grad():
+    top5 = model(transform(image).unsqueeze(0)).softmax(-1)[0].topk(5){labels}
+```
+
+Fine-tune on other data with `timm.create_model('hf-hub:{repo_id}', pretrained=True, num_classes=N)`
+(`in_chans` and `img_size` adapt too); pin a commit with `hf-hub:{repo_id}@<commit>`.'''
+
+
+def _details(train: TrainOutput, model: nn.Module, label_names: Optional[Sequence[str]]) -> str:
+    cfg = model.pretrained_cfg
+    entrypoint = timm.models.model_entrypoint(train.arch)
+    family = _first_paragraph(sys.modules[type(model).__module__].__doc__)
+    paper = cfg.get('paper_name')
+    architecture = f'`{train.arch}`'
+    if entrypoint.__doc__:
+        architecture += f': {_first_paragraph(entrypoint.__doc__)}'
+    built = {k: v for k, v in train.model_kwargs.items() if k not in ('num_classes', 'in_chans')}
+    if built:
+        architecture += f' Built with `{", ".join(f"{k}={v!r}" for k, v in built.items())}`.'
+    lines = [
+        f'- **Architecture:** {architecture}',
+        f'- **Family:** {family}' if family else '',
+        f'- **Paper:** {paper}' if paper and paper not in family else '',
+        f'- **Parameters (M):** {sum(p.numel() for p in model.parameters()) / 1e6:.2f}',
+        f'- **Image size:** {cfg["input_size"][-2]} x {cfg["input_size"][-1]}',
+        f'- **Classes:** {model.num_classes}' + (f' ({", ".join(label_names)})' if label_names else ''),
+        f'- **Weights:** {"EMA weights of " if train.ema else ""}`{train.checkpoint.name}`'
+        + (f', epoch {train.epoch}' if train.epoch is not None else ''),
+        f'- **Software:** timm-hbf {__version__}, timm {timm.__version__}',
+    ]
+    return '## Model details\n\n' + '\n'.join(line for line in lines if line)
+
+
+def _recipe(args: Dict[str, Any]) -> str:
+    if not args:
+        return ''
+    rows = [f'| {k} | `{args[k]}` |' for k in RECIPE_KEYS if args.get(k) not in (None, False, '', {})]
+    published = {k: v for k, v in args.items() if k not in LOCAL_PATH_KEYS}
+    return '\n'.join([
+        '## Training recipe',
+        '',
+        "timm's `train.py` arguments (`args.yaml`):",
+        '',
+        '| argument | value |',
+        '|---|---|',
+        *rows,
+        '',
+        '<details><summary>All arguments (paths on the training machine left out)</summary>',
+        '',
+        '```yaml',
+        yaml.safe_dump(published, sort_keys=True).rstrip(),
+        '```',
+        '',
+        '</details>',
+    ])
+
+
+def _results(train: TrainOutput) -> str:
+    if not train.summary:
+        return ''
+    last = train.summary[-1]
+    pushed = next((row for row in train.summary if row['epoch'] == train.epoch), None)
+    rows = [('these weights', pushed)] if pushed is not None else []
+    if pushed is not last:
+        rows.append(('last epoch', last))
+    columns = [(k, name) for k, name in METRICS if k in train.summary[0]]
+    lines = [
+        '## Results',
+        '',
+        "From train.py's `summary.csv`." + _ema_note(train),
+        '',
+        '| | epoch | ' + ' | '.join(name for _, name in columns) + ' |',
+        '|---|---' + '|---' * len(columns) + '|',
+        *[f'| {label} | {row["epoch"]} | ' + ' | '.join(_number(row.get(k)) for k, _ in columns) + ' |'
+          for label, row in rows],
+        '',
+        f'![Loss and top-1 accuracy per epoch]({CURVES_FILE})',
+    ]
+    return '\n'.join(lines)
+
+
+def _ema_note(train: TrainOutput) -> str:
+    if not train.args.get('model_ema'):
+        return ''
+    pushed = 'the weights pushed here' if train.ema else 'push with `--ema` to publish those'
+    return f' The run kept EMA weights (`--model-ema`), and train.py evaluated those: {pushed}.'
+
+
+def _number(value: Optional[float]) -> str:
+    return '' if value is None else f'{value:.4g}'
+
+
+def _first_paragraph(doc: Optional[str]) -> str:
+    return ' '.join(inspect.cleandoc(doc or '').split('\n\n')[0].split())

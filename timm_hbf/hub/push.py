@@ -1,0 +1,103 @@
+"""Push a train.py checkpoint to the Hugging Face Hub as a timm model repo: ``config.json``, ``model.safetensors``
+and a model card with its training-curve image."""
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from huggingface_hub import CommitInfo, HfApi
+from timm.data import resolve_data_config
+from timm.models import save_for_hf
+
+from .. import __version__
+from .errors import HubError, hub_errors
+from .model_card import CURVES_FILE, model_card, plot_training_curves
+from .train_output import TrainOutput
+
+__all__ = ['push_to_hub', 'write_repo_folder']
+
+
+def write_repo_folder(
+        train: TrainOutput,
+        folder: Union[str, Path],
+        repo_id: str,
+        label_names: Optional[Sequence[str]] = None,
+        pytorch_bin: bool = False,
+) -> Path:
+    """Write the files of the model repo for ``train`` into the new folder ``folder``, all or nothing.
+
+    The files: ``config.json`` (architecture, model arguments, preprocessing of train.py's evaluation, label names),
+    ``model.safetensors`` (and ``pytorch_model.bin`` with ``pytorch_bin``), ``README.md`` (the model card) and, when
+    the run has a ``summary.csv``, the training curves it shows.
+
+    Args:
+        train: The checkpoint and its training run.
+        folder: A folder that does not exist yet.
+        repo_id: The repo the files are for (named in the model card).
+        label_names: Class names, in classifier order.
+        pytorch_bin: Also write the weights as a (pickled) ``pytorch_model.bin``, for tools without safetensors.
+    """
+    folder = Path(folder)
+    if folder.exists():
+        raise HubError(f'{folder} already exists: name a new folder.')
+    model = train.create_model()
+    if label_names is not None and len(label_names) != model.num_classes:
+        raise HubError(f'{len(label_names)} label names for the {model.num_classes} classes of {train.checkpoint}.')
+    # The preprocessing of train.py's evaluation; no tag: the registry's ('untrained') does not describe these weights.
+    model.pretrained_cfg.update(resolve_data_config(train.args, model=model))
+    model.pretrained_cfg.pop('tag', None)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f'.{folder.name}.', dir=folder.parent))
+    try:
+        save_for_hf(
+            model,
+            partial,
+            model_config={'label_names': list(label_names)} if label_names else None,
+            model_args=train.model_kwargs,
+            safe_serialization='both' if pytorch_bin else True,
+        )
+        if train.summary:
+            plot_training_curves(train.summary, partial / CURVES_FILE, title=f'{repo_id} ({train.arch})',
+                                 epoch=train.epoch)
+        (partial / 'README.md').write_text(model_card(repo_id, model, train, label_names), encoding='utf-8')
+        partial.rename(folder)
+    except BaseException:
+        shutil.rmtree(partial)
+        raise
+    return folder
+
+
+def push_to_hub(
+        train: TrainOutput,
+        repo_id: str,
+        label_names: Optional[Sequence[str]] = None,
+        private: bool = False,
+        revision: Optional[str] = None,
+        create_pr: bool = False,
+        pytorch_bin: bool = False,
+) -> CommitInfo:
+    """Push ``train`` to the Hub repo ``repo_id`` in one commit (the files of :func:`write_repo_folder`).
+
+    The repo is created if missing (``private`` then applies), and so is the branch ``revision``. The model card is
+    written anew on every push.
+
+    Args:
+        train: The checkpoint and its training run.
+        repo_id: ``ORG/NAME``.
+        label_names: Class names, in classifier order.
+        private: Create the repo private.
+        revision: The branch to commit to (default: main).
+        create_pr: Open a pull request with the commit instead of committing to the branch.
+        pytorch_bin: Also push the weights as a (pickled) ``pytorch_model.bin``.
+    """
+    api = HfApi(library_name='timm-hbf', library_version=__version__)
+    epoch = f', epoch {train.epoch}' if train.epoch is not None else ''
+    message = f'Add {train.arch} weights ({train.checkpoint.name}{epoch})'
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin)
+        with hub_errors('Pushing to', repo_id, revision):
+            repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+            if revision is not None:
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            return api.upload_folder(
+                repo_id=repo_id, folder_path=folder, revision=revision, create_pr=create_pr, commit_message=message)

@@ -1,0 +1,42 @@
+"""Run one of timm's scripts with timm_hbf's models registered.
+
+    python -m timm_hbf.run SCRIPT [ARGS...]
+    python -m timm_hbf.run pytorch-image-models/validate.py --model vit_hyperbf_tiny --data-dir cifar10 ...
+    torchrun --nproc_per_node 2 -m timm_hbf.run pytorch-image-models/train.py --model vit_hyperbf_tiny ...
+
+SCRIPT is any script of timm's repository (train.py, validate.py, inference.py, benchmark.py, ...): it runs as
+``python SCRIPT ARGS...`` would (as ``__main__``, with its folder first on ``sys.path``), after ``import timm_hbf``.
+The scripts are not part of the timm package: they live in timm's git repository only.
+"""
+import runpy
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+USAGE = 'usage: python -m timm_hbf.run SCRIPT [ARGS...]   (SCRIPT: timm\'s train.py, validate.py, ...)'
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Run ``argv[0]`` as ``__main__`` with ``argv`` as its ``sys.argv``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ('-h', '--help'):
+        print(__doc__ if argv else USAGE, file=sys.stdout if argv else sys.stderr)
+        raise SystemExit(0 if argv else 2)
+    script = Path(argv[0])
+    if not script.is_file():
+        raise SystemExit(
+            f"timm_hbf.run: no script at '{script}'. timm's train.py, validate.py, inference.py and benchmark.py are "
+            'not installed with timm: they are in its git repository. Get them with\n'
+            '    git clone https://github.com/huggingface/pytorch-image-models\n'
+            'and give the path, e.g. python -m timm_hbf.run pytorch-image-models/train.py ...'
+        )
+
+    import timm_hbf  # noqa: F401  (registers the models)
+
+    sys.argv = [str(script), *argv[1:]]
+    sys.path.insert(0, str(script.resolve().parent))
+    runpy.run_path(str(script), run_name='__main__')
+
+
+if __name__ == '__main__':
+    main()
