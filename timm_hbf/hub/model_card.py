@@ -23,7 +23,8 @@ RECIPE_KEYS = (
     'cutmix', 'aa', 'reprob', 'drop', 'drop_path', 'model_ema', 'model_ema_decay', 'amp', 'amp_dtype', 'seed',
 )
 # train.py arguments that hold paths on the training machine: not published
-LOCAL_PATH_KEYS = ('data', 'data_dir', 'output', 'resume', 'initial_checkpoint', 'pretrained_path', 'class_map')
+LOCAL_PATH_KEYS = (
+    'data', 'data_dir', 'output', 'resume', 'initial_checkpoint', 'pretrained_path', 'class_map', 'cache_dir')
 METRICS = (('train_loss', 'train loss'), ('eval_loss', 'eval loss'), ('eval_top1', 'top-1 (%)'),
            ('eval_top5', 'top-5 (%)'))
 # panels of the training-curve image: y label, then (summary.csv column, legend, colour) per curve
