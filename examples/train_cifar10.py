@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -69,6 +69,23 @@ def image_folder(data: Path, cache: Path) -> Path:
     raise FileNotFoundError(f"No 'train' and 'test' folders in {data}.")
 
 
+def evenly_spaced(size: int, count: int) -> List[int]:
+    """``count`` indices spread evenly over ``range(size)``: ImageFolder sorts by class, so such a subset is balanced
+    over the classes."""
+    count = min(count, size)
+    return [i * size // count for i in range(count)]
+
+
+def holdout_split(size: int, val_images: int) -> Tuple[List[int], List[int]]:
+    """Train and validation indices of a train split of ``size`` images: ``val_images`` of them, evenly spaced,
+    held out; the rest for training."""
+    if val_images >= size:
+        raise ValueError(f'--val-images {val_images} leaves none of the {size} train images for training.')
+    val = evenly_spaced(size, val_images) if val_images > 0 else []
+    held_out = set(val)
+    return [i for i in range(size) if i not in held_out], val
+
+
 def evaluate(model: torch.nn.Module, loader: DataLoader, amp: bool) -> float:
     """Top-1 accuracy in percent."""
     model.eval()
@@ -91,6 +108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--epochs', type=int, default=1)
     parser.add_argument('--train-images', type=int, default=16384, help='train images per epoch (default: %(default)s)')
     parser.add_argument('--test-images', type=int, default=10000, help='test images to evaluate (default: all)')
+    parser.add_argument('--val-images', type=int, default=0,
+                        help='train images held out (never trained on) and evaluated as a validation split, for '
+                             'choices that must not look at the test set (default: none)')
     parser.add_argument('--batch-size', type=int, default=64)
     parser.add_argument('--lr', type=float, default=2e-3, help='peak learning rate')
     parser.add_argument('--warmup-epochs', type=float, default=0.1, help='linear warmup, in epochs (may be a fraction)')
@@ -121,8 +141,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     test_set = create_dataset('', root=str(root / 'test'))
     test_set.transform = create_transform(**data_config)
     n_test = min(args.test_images, len(test_set))
-    # ImageFolder sorts by class: evenly spaced indices keep the test subset balanced over the classes
-    test_subset = Subset(test_set, [i * len(test_set) // n_test for i in range(n_test)])
+    test_subset = Subset(test_set, evenly_spaced(len(test_set), n_test))
+    train_indices, val_indices = holdout_split(len(train_set), args.val_images)
+    if val_indices:
+        val_set = create_dataset('', root=str(root / 'train'))
+        val_set.transform = create_transform(**data_config)
+        train_set = Subset(train_set, train_indices)
 
     steps = min(args.train_images, len(train_set)) // args.batch_size
     loader_kwargs = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
@@ -147,7 +171,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
           f'timm {timm.__version__}, timm_hbf {timm_hbf.__version__}')
     print(f'train: {args.epochs} x {steps * args.batch_size} of {len(train_set)} images ({steps} updates of '
           f'{args.batch_size} per epoch), {"bfloat16 autocast" if args.amp else "float32"}; '
-          f'test: {n_test} of {len(test_set)} images', flush=True)
+          f'test: {n_test} of {len(test_set)} images'
+          + (f'; validation: {len(val_indices)} held-out train images' if val_indices else ''), flush=True)
 
     train_start = time.perf_counter()
     update = 0
@@ -172,13 +197,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     trained = timm.create_model(args.model, num_classes=10, checkpoint_path=str(checkpoint), **args.model_kwargs)
     eval_start = time.perf_counter()
     top1 = evaluate(trained, test_loader, args.amp)
+    val_top1 = evaluate(trained, DataLoader(Subset(val_set, val_indices), 2 * args.batch_size, **loader_kwargs),
+                        args.amp) if val_indices else None
     eval_s = time.perf_counter() - eval_start
     total_s = time.perf_counter() - start
     print(f'checkpoint: {checkpoint}  (timm.create_model({args.model!r}, num_classes=10, '
           f'checkpoint_path=...) loads its EMA weights)')
+    if val_top1 is not None:
+        print(f'validation accuracy: {val_top1:.2f} % top-1 on {len(val_indices)} held-out train images')
     print(f'test accuracy: {top1:.2f} % top-1 on {n_test} CIFAR-10 test images (chance: 10 %)')
     print(f'time: {total_s:.0f} s in all ({train_s:.0f} s training, {eval_s:.0f} s evaluation)')
-    return dict(top1=top1, checkpoint=checkpoint, train_s=train_s, eval_s=eval_s, total_s=total_s)
+    return dict(top1=top1, val_top1=val_top1, checkpoint=checkpoint, train_s=train_s, eval_s=eval_s, total_s=total_s)
 
 
 if __name__ == '__main__':

@@ -60,3 +60,29 @@ def test_train_cifar10(model_name, capsys, tmp_path, threads):
         top1 = 100. * (model(images).argmax(-1) == targets).float().mean().item()
     assert result['top1'] == pytest.approx(top1)
     assert f'test accuracy: {top1:.2f} % top-1 on 40 CIFAR-10 test images (chance: 10 %)' in out
+
+
+def test_holdout_split_is_disjoint_balanced_and_complete():
+    script = load_script()
+    train, val = script.holdout_split(1000, 100)
+    assert len(val) == 100 and not set(train) & set(val) and sorted(train + val) == list(range(1000))
+    assert [i // 100 for i in val] == [c for c in range(10) for _ in range(10)]  # 10 per class of 100 sorted images
+    assert script.holdout_split(1000, 0) == (list(range(1000)), [])
+    with pytest.raises(ValueError, match='--val-images 1000 leaves none of the 1000 train images'):
+        script.holdout_split(1000, 1000)
+
+
+@pytest.mark.skipif(not MINI.exists(), reason=f'mini CIFAR-10 archive not found at {MINI}')
+def test_validation_split_is_held_out_and_evaluated(capsys, tmp_path, threads):
+    script = load_script()
+    result = script.main([
+        '--data', str(MINI), '--model', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=1', '--epochs', '1',
+        '--train-images', '2000', '--val-images', '100', '--test-images', '20', '--batch-size', '50',
+        '--threads', '1', '--workers', '0', '--cache-dir', str(tmp_path / 'cache'), '--output', str(tmp_path),
+    ])
+    out = capsys.readouterr().out
+    # 900 train images are left, so an epoch asking for 2000 takes 18 updates of 50
+    assert 'train: 1 x 900 of 900 images (18 updates of 50 per epoch)' in out
+    assert '; validation: 100 held-out train images' in out
+    assert f"validation accuracy: {result['val_top1']:.2f} % top-1 on 100 held-out train images" in out
+    assert 0 <= result['val_top1'] <= 100

@@ -83,10 +83,10 @@ def test_report_configuration():
 
 def test_blocks_follow_the_report():
     layer = small().blocks[0]
-    assert [type(m).__name__ for m in layer.attn.key] == ['TokenPReLU', 'Linear', 'DepthKey']
-    assert [type(m).__name__ for m in layer.attn.value] == ['TokenPReLU', 'Linear', 'Identity']
-    assert layer.mlp.key[0] is not layer.mlp.value[0]  # separate PReLUs after the shared hidden layer
-    assert layer.mlp.key[1].in_features == layer.mlp.value[1].in_features == layer.mlp.body[0].out_features
+    assert [type(m).__name__ for m in layer.attn.key] == ['PReLULinear', 'DepthKey']
+    assert [type(m).__name__ for m in layer.attn.value] == ['PReLULinear', 'Identity']
+    assert layer.mlp.key[0].slope is not layer.mlp.value[0].slope  # separate PReLUs after the shared hidden layer
+    assert layer.mlp.key[0].in_features == layer.mlp.value[0].in_features == layer.mlp.body[0].out_features
     assert not any(isinstance(m, torch.nn.LayerNorm) and m.elementwise_affine for m in layer.modules())
 
 

@@ -2,10 +2,11 @@ from .depth_attention import DEPTH_KERNELS, DepthAttention, DepthKey, depth_atte
 from .hyperbf_attention import HyperBFAttention
 from .hyperbf_kernel import KERNELS, HyperBFKernel, pairwise_sq_dist
 from .hyperbf_mlp import HyperBFMlp
-from .prelu import TokenPReLU
+from .prelu import PReLULinear, prelu_linear
 from .token_batchnorm import TokenBatchNorm
 
 __all__ = [
     'DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'HyperBFAttention', 'HyperBFKernel', 'HyperBFMlp', 'KERNELS',
-    'TokenBatchNorm', 'TokenPReLU', 'depth_attend', 'normalized_entropy', 'pairwise_sq_dist', 'write_entry',
+    'PReLULinear', 'TokenBatchNorm', 'depth_attend', 'normalized_entropy', 'pairwise_sq_dist', 'prelu_linear',
+    'write_entry',
 ]

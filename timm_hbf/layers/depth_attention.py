@@ -35,12 +35,20 @@ def _accumulation_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+def _block_diagonal(query: torch.Tensor) -> torch.Tensor:
+    """``(H, Dk) -> (H, H * Dk)``: row ``h`` holds ``q_h`` in head ``h``'s key channels and zeros elsewhere, so that
+    ``keys @ result.T`` gives every head's logit in one matrix product."""
+    heads = query.shape[0]
+    eye = torch.eye(heads, dtype=query.dtype, device=query.device)
+    return (eye.unsqueeze(-1) * query.unsqueeze(0)).flatten(1)
+
+
 def _depth_weights(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Softmax over entries of ``q_h . k_{i,h}``: ``(H, Dk), (L, B, N, H * Dk) -> (L, B, N, H)``, in float32 or
     wider."""
-    L, B, N, _ = keys.shape
-    logits = (keys.view(L, B, N, query.shape[0], -1) * query.to(keys.dtype)).sum(-1, dtype=_accumulation_dtype(keys))
-    return logits.softmax(0)
+    L, B, N, width = keys.shape
+    logits = keys.reshape(-1, width).mm(_block_diagonal(query.to(keys.dtype)).t())
+    return logits.view(L, B, N, -1).to(_accumulation_dtype(keys)).softmax(0)
 
 
 def _mix(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -88,17 +96,22 @@ class _DepthAttend(torch.autograd.Function):
         weights, query = saved[:2]
         keep = saved[2] if ctx.has_keep else None
         L, B, N, H = weights.shape
-        keys, values = ctx.keys.view(L, B, N, H, -1), ctx.values.view(L, B, N, H, -1)
+        keys, values = ctx.keys, ctx.values.view(L, B, N, H, -1)
         grad = grad.view(B, N, H, -1)
         used = (weights * keep if keep is not None else weights).to(grad.dtype).unsqueeze(-1)
-        grad_values = [used[i] * grad for i in range(L)]
-        grad_used = torch.stack([(values[i] * grad).sum(-1, dtype=weights.dtype) for i in range(L)])
+        grad_values = [(used[i] * grad).view(B, N, -1) for i in range(L)]
+        grad_used = weights.new_empty(weights.shape)
+        for i in range(L):
+            grad_used[i] = (values[i] * grad).sum(-1, dtype=weights.dtype)
         grad_weights = grad_used * keep if keep is not None else grad_used
         grad_logits = weights * (grad_weights - (weights * grad_weights).sum(0, keepdim=True))  # softmax backward
-        grad_query = torch.einsum('lbnh,lbnhd->hd', grad_logits.to(keys.dtype), keys).to(query.dtype)
-        grad_keys = grad_logits.unsqueeze(-1) * query.to(weights.dtype)  # (L, B, N, H, Dk)
-        grads = [g.reshape(B, N, -1) for g in (*grad_keys.unbind(0), *grad_values)]
-        grads = [g.sum_to_size(shape).to(dtype) for g, (shape, dtype) in zip(grads, ctx.entry_meta)]
+        grad_logits = grad_logits.to(keys.dtype).view(L, B * N, H)
+        # as in the forward pass, heads go through block-diagonal matrix products
+        grad_query = grad_logits.view(-1, H).t().mm(keys.view(-1, keys.shape[-1]))  # (H, H * Dk): blocks h, h
+        grad_query = grad_query.view(H, H, -1).diagonal(dim1=0, dim2=1).t().to(query.dtype)
+        query_blocks = _block_diagonal(query.to(keys.dtype))
+        grad_keys = [grad_logits[i].mm(query_blocks).view(B, N, -1) for i in range(L)]
+        grads = [g.sum_to_size(shape).to(dtype) for g, (shape, dtype) in zip(grad_keys + grad_values, ctx.entry_meta)]
         return (grad_query, None, None, None, *grads)
 
 

@@ -1,23 +1,91 @@
-"""PReLU over the last (channel) dimension of token tensors."""
+"""PReLU followed by a Linear layer, on token tensors, with the PReLU recomputed in the backward pass."""
+from typing import Optional
+
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ['PReLULinear', 'prelu_linear']
 
-class TokenPReLU(nn.Module):
-    """``max(x, 0) + a_c min(x, 0)`` with one learned slope per channel of ``(..., C)`` tokens (``nn.PReLU``
-    takes channels from dim 1, which is the token dim here). Slopes start at 0.25, as in ``nn.PReLU``."""
 
-    def __init__(self, num_channels: int, init: float = .25, device=None, dtype=None) -> None:
+class _PReLULinear(torch.autograd.Function):
+    """``linear(prelu(x, slope), weight, bias)`` over ``(M, C)`` rows. Saves only ``x`` (which the layer before
+    keeps anyway), not the PReLU output, and computes the PReLU gradients with plain element-wise kernels."""
+
+    @staticmethod
+    def forward(ctx, x, slope, weight, bias):
+        out = F.linear(F.prelu(x, slope), weight, bias)  # under autocast: in the autocast dtype
+        ctx.save_for_backward(x, slope, weight)
+        ctx.compute_dtype, ctx.input_dtype, ctx.has_bias = out.dtype, x.dtype, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, slope, weight = ctx.saved_tensors
+        dtype = ctx.compute_dtype
+        x, slope_c, weight_c, grad = x.to(dtype), slope.to(dtype), weight.to(dtype), grad.to(dtype)
+        # two (M, C) tensors in all, reused in place: on the CPU, fresh large tensors cost more than the arithmetic
+        scratch = F.prelu(x, slope_c)  # recomputed
+        grad_weight = grad.t().mm(scratch)
+        grad_bias = grad.sum(0) if ctx.has_bias else None
+        grad_act = grad.mm(weight_c)
+        grad_slope = torch.clamp_max(x, 0, out=scratch).mul_(grad_act).sum(0)  # sum of grad * min(x, 0)
+        # d prelu / dx = 1 + (1 - slope) sign(min(x, 0)): 1 where x >= 0, the slope where x < 0
+        factor = torch.clamp_max(x, 0, out=scratch).sign_().mul_(1 - slope_c).add_(1)
+        grad_x = grad_act.mul_(factor)
+        return (grad_x.to(ctx.input_dtype), grad_slope.to(slope.dtype), grad_weight.to(weight.dtype),
+                grad_bias.to(weight.dtype) if grad_bias is not None else None)
+
+
+def prelu_linear(
+        x: torch.Tensor,
+        slope: torch.Tensor,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """``Linear(PReLU(x))`` over the last dim of ``x (..., C)``, with a per-channel PReLU ``slope (C,)``."""
+    rows = x.reshape(-1, x.shape[-1])
+    if torch.jit.is_scripting() or not torch.is_grad_enabled():
+        out = F.linear(F.prelu(rows, slope.to(rows.dtype)), weight, bias)
+    else:
+        out = _PReLULinear.apply(rows, slope.to(rows.dtype), weight, bias)
+    return out.view(x.shape[:-1] + (out.shape[-1],))
+
+
+torch.fx.wrap('prelu_linear')  # a leaf for torch.fx, so that traced models keep the recomputing backward
+
+
+class PReLULinear(nn.Module):
+    """``Linear(PReLU(x))`` on ``(..., C)`` tokens, with one PReLU slope per channel (``nn.PReLU`` takes channels
+    from dim 1, the token dim here). Slopes start at 0.25, as in ``nn.PReLU``. The PReLU output is recomputed in
+    the backward pass instead of kept: a layer costs no activation memory beyond its input."""
+
+    def __init__(
+            self,
+            in_features: int,
+            out_features: int,
+            bias: bool = True,
+            slope_init: float = .25,
+            device=None,
+            dtype=None,
+    ) -> None:
         super().__init__()
-        self.init = init
-        self.weight = nn.Parameter(torch.full((num_channels,), init, device=device, dtype=dtype))
+        dd = {'device': device, 'dtype': dtype}
+        self.slope_init = slope_init
+        self.slope = nn.Parameter(torch.full((in_features,), slope_init, **dd))
+        self.fc = nn.Linear(in_features, out_features, bias=bias, **dd)
 
     def init_weights(self) -> None:
-        nn.init.constant_(self.weight, self.init)
+        nn.init.constant_(self.slope, self.slope_init)
+
+    @property
+    def in_features(self) -> int:
+        return self.fc.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.fc.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.prelu(x.reshape(-1, x.shape[-1]), self.weight.to(x.dtype)).view(x.shape)
-
-    def extra_repr(self) -> str:
-        return f'num_channels={self.weight.numel()}'
+        return prelu_linear(x, self.slope, self.fc.weight, self.fc.bias)

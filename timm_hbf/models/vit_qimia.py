@@ -26,7 +26,7 @@ from timm.layers import Attention, resample_abs_pos_embed, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs, register_model
 from torch import nn
 
-from ..layers import DepthAttention, DepthKey, TokenBatchNorm, TokenPReLU, normalized_entropy, write_entry
+from ..layers import DepthAttention, DepthKey, PReLULinear, TokenBatchNorm, normalized_entropy, write_entry
 from ._token_vit import CIFAR10_MEAN, CIFAR10_STD, TokenViT, checkpoint_filter_fn
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia']
@@ -75,13 +75,11 @@ class QimiaBlock(nn.Module):
         )
         self.body = body
         self.key = nn.Sequential(
-            TokenPReLU(body_dim, **dd),
-            nn.Linear(body_dim, key_dim, **dd),
+            PReLULinear(body_dim, key_dim, **dd),
             DepthKey(key_dim, depth_num_heads, normalize=key_norm, kernel=depth_kernel),
         )
         self.value = nn.Sequential(
-            TokenPReLU(body_dim, **dd),
-            nn.Linear(body_dim, dim, **dd),
+            PReLULinear(body_dim, dim, **dd),
             TokenBatchNorm(dim, **dd) if value_norm == 'batchnorm' else nn.Identity(),
         )
 
