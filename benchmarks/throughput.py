@@ -1,17 +1,21 @@
-"""Throughput and peak memory of our models against timm's ViT of identical dimensions, side by side in one run.
+"""Throughput and peak memory of our models against timm's ViT (and optionally timm's MLP-Mixer) of the same size,
+side by side in one run.
 
-Every model is compared with a timm ``VisionTransformer`` built with the same width, depth, heads, MLP ratio, qkv
-bias, image size, patch size and classes. Throughput is measured in one process with the candidate and the baseline
-interleaved round by round (so drifts in machine load hit both), and reported as the median over rounds. Peak memory
-is measured for each model in a fresh subprocess: on CUDA ``torch.cuda.max_memory_allocated``, on CPU (Linux) the
-peak resident set size minus the resident size just before the model was built (parameters, gradients, optimizer
-state and activations).
+Every model is compared with a timm ``VisionTransformer`` built with the same width, depth, heads, MLP width, qkv
+bias, image size, patch size and classes; ``--mixer`` adds a timm ``MlpMixer`` with the same width, depth, channel-MLP
+width, patch, image size and classes. Throughput is measured in one process with all models interleaved round by
+round (so drifts in machine load hit them alike), and reported as the median over rounds. Peak memory is measured for
+each model in a fresh subprocess: on CUDA ``torch.cuda.max_memory_allocated``, on CPU (Linux) the peak resident set
+size minus the resident size just before the model was built (parameters, gradients, optimizer state and
+activations). ``--json PATH`` writes every round and the environment, and a bar chart beside it (``PATH`` with
+``.png``).
 
-    python benchmarks/throughput.py                                   # the README table (CPU)
+    python benchmarks/throughput.py --mixer                           # the README table (CPU)
     python benchmarks/throughput.py --device cuda --amp --compile     # CUDA, bf16 autocast, torch.compile
 """
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -34,28 +38,52 @@ DEFAULT_CASES = [
 ]
 
 
-def baseline_args(model: torch.nn.Module) -> dict:
-    """timm ViT kwargs with the candidate's dimensions (for QIMIA: its token attention and feed-forward widths)."""
-    cfg = model.pretrained_cfg
+def dimensions(model: torch.nn.Module) -> dict:
+    """What a same-size baseline must share with the candidate (for QIMIA: its token attention and feed-forward)."""
     block = model.blocks[0]
     if isinstance(model, VisionTransformerQimia):
         attn, hidden = block.attn.body, block.mlp.body[0].out_features
     else:
         attn, hidden = block.attn, block.mlp.readout.in_features
     return dict(
-        model_name='vit_base_patch16_224',
-        img_size=cfg['input_size'][-1],
+        img_size=model.pretrained_cfg['input_size'][-1],
         patch_size=model.patch_embed.patch_size[0],
         embed_dim=model.embed_dim,
         depth=len(model.blocks),
         num_heads=attn.num_heads,
-        mlp_ratio=hidden / model.embed_dim,
+        hidden=hidden,
         qkv_bias=attn.qkv.bias is not None,
         num_classes=model.num_classes,
     )
 
 
+def vit_args(dims: dict) -> dict:
+    """timm's residual ViT with the candidate's width, depth, heads, MLP width, qkv bias, patch, input and classes."""
+    return dict(model_name='vit_base_patch16_224', img_size=dims['img_size'], patch_size=dims['patch_size'],
+                embed_dim=dims['embed_dim'], depth=dims['depth'], num_heads=dims['num_heads'],
+                mlp_ratio=dims['hidden'] / dims['embed_dim'], qkv_bias=dims['qkv_bias'],
+                num_classes=dims['num_classes'])
+
+
+def mixer_args(dims: dict) -> dict:
+    """timm's MLP-Mixer with the candidate's width, depth, channel-MLP width, patch, input and classes (token-mixing
+    MLP at timm's default half width)."""
+    return dict(architecture='MlpMixer', img_size=dims['img_size'], patch_size=dims['patch_size'],
+                embed_dim=dims['embed_dim'], num_blocks=dims['depth'],
+                mlp_ratio=(0.5, dims['hidden'] / dims['embed_dim']), num_classes=dims['num_classes'])
+
+
+# label -> kwargs of timm.create_model for a baseline of the candidate's size; ratios are to REFERENCE
+BASELINES = {'timm ViT': vit_args, 'timm MLP-Mixer': mixer_args}
+REFERENCE = 'timm ViT'
+
+
 def build(spec: dict, device: str) -> torch.nn.Module:
+    """A timm model by registered name (``model_name``), or by class of ``timm.models`` (``architecture``) where the
+    registered names fix the dimensions (MLP-Mixer)."""
+    spec = dict(spec)
+    if 'architecture' in spec:
+        return getattr(timm.models, spec.pop('architecture'))(**spec).to(device)
     return timm.create_model(**spec).to(device)
 
 
@@ -151,13 +179,53 @@ def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> float
     return (proc_status_kib('VmHWM') - rss_before) / 2 ** 10
 
 
+def markdown_table(results: list) -> str:
+    """One line per case, mode and model; ratios are to the ViT of the same case and mode."""
+    lines = ['| model | input/patch | mode | batch | img/s | ratio to ViT | peak MiB | ratio to ViT |',
+             '|---|---|---|---|---|---|---|---|']
+    for r in results:
+        for label, e in r['models'].items():
+            shown = f"`{label}`" if label == r['model'] else label
+            lines.append(f"| {shown} | {r['input']} | {r['mode']} | {r['batch_size']} | {e['images_per_s']:.1f} | "
+                         f"{e['throughput_ratio']:.2f} | {e['peak_mib']:.0f} | {e['memory_ratio']:.2f} |")
+    return '\n'.join(lines)
+
+
+def plot(results: list, env: dict, path: str) -> None:
+    """Bar charts of images/s, one panel per case and mode, every model of the case side by side."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    rows = 2 if len(results) > 1 else 1  # inference above, training below
+    cols = math.ceil(len(results) / rows)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, r in zip(axes.T.flat, results):
+        labels = list(r['models'])
+        ax.bar(range(len(labels)), [r['models'][k]['images_per_s'] for k in labels],
+               color=['tab:blue'] + ['tab:gray'] * (len(labels) - 1))
+        ax.set_xticks(range(len(labels)), [k.replace('timm ', '').replace('_', '_\n', 1) for k in labels],
+                      fontsize=7)
+        ax.set_title(f"{r['input']} {r['mode']}, batch {r['batch_size']}", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel('images/s')
+    for ax in list(axes.T.flat)[len(results):]:
+        ax.axis('off')
+    fig.suptitle(f"{env['device']}, {env['threads']} threads, torch {env['torch']}"
+                 f"{', bf16' if env['amp'] else ''}{', compile' if env['compile'] else ''}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', help='candidate model names (default: the README cases)')
     parser.add_argument('--batch-size', type=int, help='batch size for every case (default: per case)')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
-    parser.add_argument('--compile', action='store_true', help='torch.compile both models')
+    parser.add_argument('--compile', action='store_true', help='torch.compile every model')
+    parser.add_argument('--mixer', action='store_true', help="add timm's MLP-Mixer of the same size to every case")
     parser.add_argument('--threads', type=int, help='torch CPU threads (default: torch default)')
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--steps', type=int, default=3, help='steps per round')
@@ -173,35 +241,31 @@ def main() -> None:
         print(measure_memory_here(json.loads(args.measure_memory), args.batch_size, args.train, args))
         return
 
+    baselines = [REFERENCE] + (['timm MLP-Mixer'] if args.mixer else [])
     cases = [(m, args.batch_size, args.batch_size) for m in args.models] if args.models else DEFAULT_CASES
     results = []
     for name, cpu_bs, cuda_bs in cases:
         batch_size = (cuda_bs if args.device == 'cuda' else cpu_bs) or (256 if args.device == 'cuda' else 32)
-        candidate = dict(model_name=name)
         meta_model = timm.create_model(name, device='meta')
         input_size = tuple(meta_model.pretrained_cfg['input_size'])
-        baseline = baseline_args(meta_model)
-        specs = {name: candidate, 'timm ViT': baseline}
+        dims = dimensions(meta_model)
+        specs = {name: dict(model_name=name), **{label: BASELINES[label](dims) for label in baselines}}
         for train in (False, True):
             speed = throughput(specs, input_size, batch_size, train, args)
-            memory = {k: peak_memory(spec, input_size, batch_size, train, args) for k, spec in specs.items()}
+            memory = {label: peak_memory(spec, input_size, batch_size, train, args) for label, spec in specs.items()}
             row = dict(
-                model=name,
-                baseline=baseline,
-                mode='train' if train else 'infer',
+                model=name, input=f"{dims['img_size']}/{dims['patch_size']}", mode='train' if train else 'infer',
                 batch_size=batch_size,
-                images_per_s=speed[name]['median'],
-                baseline_images_per_s=speed['timm ViT']['median'],
-                throughput_ratio=speed[name]['median'] / speed['timm ViT']['median'],
-                peak_mib=memory[name],
-                baseline_peak_mib=memory['timm ViT'],
-                memory_ratio=memory[name] / memory['timm ViT'],
-                rounds=speed,
+                models={label: dict(spec=spec, images_per_s=speed[label]['median'], rounds=speed[label]['rounds'],
+                                    peak_mib=memory[label]) for label, spec in specs.items()},
             )
+            for entry in row['models'].values():
+                entry['throughput_ratio'] = entry['images_per_s'] / speed[REFERENCE]['median']
+                entry['memory_ratio'] = entry['peak_mib'] / memory[REFERENCE]
             results.append(row)
-            print(f"{name} {row['mode']}: {row['images_per_s']:.1f} vs {row['baseline_images_per_s']:.1f} img/s "
-                  f"({row['throughput_ratio']:.3f}x), {row['peak_mib']:.0f} vs {row['baseline_peak_mib']:.0f} MiB "
-                  f"({row['memory_ratio']:.3f}x)", flush=True)
+            print(f"{name} {row['mode']}: " + ', '.join(
+                f"{label} {e['images_per_s']:.1f} img/s ({e['throughput_ratio']:.3f}x), {e['peak_mib']:.0f} MiB "
+                f"({e['memory_ratio']:.3f}x)" for label, e in row['models'].items()), flush=True)
 
     env = dict(
         date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
@@ -217,17 +281,12 @@ def main() -> None:
     )
     print(f"\n{env['device']}, {env['threads']} threads, torch {env['torch']}, timm {env['timm']}"
           f"{', bf16 autocast' if args.amp else ''}{', torch.compile' if args.compile else ''}\n")
-    print('| model | input | mode | batch | img/s | timm ViT img/s | ratio | peak MiB | timm ViT MiB | ratio |')
-    print('|---|---|---|---|---|---|---|---|---|---|')
-    for r in results:
-        size = r['baseline']['img_size']
-        print(f"| `{r['model']}` | {size}/{r['baseline']['patch_size']} | {r['mode']} | {r['batch_size']} | "
-              f"{r['images_per_s']:.1f} | {r['baseline_images_per_s']:.1f} | {r['throughput_ratio']:.2f} | "
-              f"{r['peak_mib']:.0f} | {r['baseline_peak_mib']:.0f} | {r['memory_ratio']:.2f} |")
+    print(markdown_table(results))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, 'w') as f:
             json.dump(dict(environment=env, results=results), f, indent=2)
+        plot(results, env, os.path.splitext(args.json)[0] + '.png')
 
 
 if __name__ == '__main__':

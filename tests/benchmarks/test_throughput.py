@@ -1,0 +1,58 @@
+"""benchmarks/throughput.py: every candidate against timm's ViT (and MLP-Mixer) of the same size, in one run."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_throughput():
+    spec = importlib.util.spec_from_file_location('throughput', ROOT / 'benchmarks' / 'throughput.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize('name', ['vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_hyperbf_tiny_patch16_224'])
+def test_baselines_have_the_candidates_size(name):
+    bench = load_throughput()
+    candidate = timm.create_model(name, device='meta')
+    dims = bench.dimensions(candidate)
+    vit = timm.create_model(**bench.vit_args(dims), device='meta')
+    mixer = bench.build(bench.mixer_args(dims), 'cpu')
+    for baseline, patch_embed in ((vit, vit.patch_embed), (mixer, mixer.stem)):
+        assert baseline.embed_dim == candidate.embed_dim
+        assert len(baseline.blocks) == len(candidate.blocks)
+        assert patch_embed.patch_size == candidate.patch_embed.patch_size
+        assert patch_embed.img_size == candidate.patch_embed.img_size
+        assert baseline.num_classes == candidate.num_classes
+    assert vit.blocks[0].attn.num_heads == dims['num_heads']
+    assert vit.blocks[0].mlp.fc1.out_features == dims['hidden']
+    assert mixer.blocks[0].mlp_channels.fc1.out_features == dims['hidden']
+
+
+def test_a_run_writes_every_model_with_ratios_to_the_vit_and_a_plot(tmp_path, monkeypatch):
+    out = tmp_path / 'bench.json'
+    monkeypatch.setattr(sys, 'argv', [
+        'throughput.py', '--models', 'vit_hyperbf_tiny', '--batch-size', '2', '--warmup', '1', '--steps', '1',
+        '--rounds', '2', '--mixer', '--json', str(out)])
+    threads = torch.get_num_threads()
+    try:
+        load_throughput().main()
+    finally:
+        torch.set_num_threads(threads)
+    record = json.loads(out.read_text())
+    assert [r['mode'] for r in record['results']] == ['infer', 'train']
+    for row in record['results']:
+        assert list(row['models']) == ['vit_hyperbf_tiny', 'timm ViT', 'timm MLP-Mixer']
+        assert row['models']['timm ViT']['throughput_ratio'] == 1.
+        assert row['models']['timm ViT']['memory_ratio'] == 1.
+        for entry in row['models'].values():
+            assert len(entry['rounds']) == 2 and entry['images_per_s'] > 0 and entry['peak_mib'] > 0
+    assert record['environment']['command'].endswith('--mixer --json ' + str(out))
+    assert (tmp_path / 'bench.png').stat().st_size > 0
