@@ -76,10 +76,9 @@ def train_command(args, run: str, data: Path, experiment: str) -> List[str]:
             '--output', str(Path(args.out) / 'runs'), '--experiment', experiment, *args.train_args]
 
 
-def test_command(args, run_dir: Path, data: Path) -> List[str]:
-    """validate.py on the test split, with the model, preprocessing and device of the run (from train.py's
+def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
+    """validate.py on the test split, with the model, preprocessing and device of the run (``trained``: train.py's
     ``args.yaml``, so that options given after ``--`` count) and its best checkpoint."""
-    trained = yaml.safe_load((run_dir / 'args.yaml').read_text())
     options = ['--model', trained['model'], '--num-classes', str(trained['num_classes']),
                '--img-size', str(trained['img_size']), '--crop-pct', str(trained['crop_pct']),
                '--mean', *map(str, trained['mean']), '--std', *map(str, trained['std']), '--device', trained['device']]
@@ -165,13 +164,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         train = train_command(args, run, data, experiment)
         print('---', ' '.join(train), flush=True)
         subprocess.run(train, check=True, env=env)
-        test = test_command(args, run_dir, data)
+        trained = yaml.safe_load((run_dir / 'args.yaml').read_text())
+        test = test_command(args, run_dir, data, trained)
         print('---', ' '.join(test), flush=True)
         subprocess.run(test, check=True, env=env)
         epochs = read_summary(run_dir / 'summary.csv')
         best = max(epochs, key=lambda e: e['eval_top1'])
         record['runs'].append(dict(
-            run=run, model=yaml.safe_load(recipe_path(run).read_text())['model'], train_command=train,
+            run=run, model=trained['model'], train_command=train,
             test_command=test, epochs=epochs, val_top1=best['eval_top1'], best_epoch=int(best['epoch']),
             test_top1=float(json.loads((run_dir / 'test.json').read_text())['top1']),
         ))

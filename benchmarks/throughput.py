@@ -74,8 +74,8 @@ def mixer_args(dims: dict) -> dict:
 
 
 # label -> kwargs of timm.create_model for a baseline of the candidate's size; ratios are to REFERENCE
-BASELINES = {'timm ViT': vit_args, 'timm MLP-Mixer': mixer_args}
-REFERENCE = 'timm ViT'
+REFERENCE, MIXER = 'timm ViT', 'timm MLP-Mixer'
+BASELINES = {REFERENCE: vit_args, MIXER: mixer_args}
 
 
 def build(spec: dict, device: str) -> torch.nn.Module:
@@ -241,7 +241,7 @@ def main() -> None:
         print(measure_memory_here(json.loads(args.measure_memory), args.batch_size, args.train, args))
         return
 
-    baselines = [REFERENCE] + (['timm MLP-Mixer'] if args.mixer else [])
+    baselines = [REFERENCE] + ([MIXER] if args.mixer else [])
     cases = [(m, args.batch_size, args.batch_size) for m in args.models] if args.models else DEFAULT_CASES
     results = []
     for name, cpu_bs, cuda_bs in cases:
