@@ -103,3 +103,13 @@ def test_one_width_per_head_or_per_layer():
 def test_heads_must_divide_dim():
     with pytest.raises(ValueError, match=r'dim \(50\) must be divisible by num_heads \(3\)'):
         HyperBFAttention(50, num_heads=3)
+
+
+def test_scripted_layer_gives_the_outputs_and_gradients_of_the_eager_one():
+    fused, _ = make_pair()
+    scripted = torch.jit.script(fused)
+    x = layer_normed(2, 17, 48)
+    g = torch.randn(2, 17, 48)
+    torch.testing.assert_close(scripted(x), fused(x))
+    for a, b in zip(grads(scripted, x, g), grads(fused, x, g)):
+        torch.testing.assert_close(a, b)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from timm_hbf.layers import HyperBFKernel
-from timm_hbf.layers.hyperbf_kernel import _AugmentQKV, _GaussianUnits
+from timm_hbf.layers.hyperbf_kernel import _AugmentQKV, _GaussianUnits, augment_qkv
 
 
 def brute_force_kernel(x, t, gamma, metric=None, kernel='gaussian'):
@@ -43,7 +43,7 @@ def test_mahalanobis_starts_as_the_plain_rbf_and_any_factor_gives_a_valid_kernel
         mahalanobis.metric.copy_(torch.randn(6, 6))  # any W: the metric W^T W is positive semi-definite
     values = mahalanobis.kernel_to_centers(x, t)
     assert ((values >= 0) & (values <= 1)).all()
-    assert (mahalanobis.kernel_to_centers(t, t).diagonal() == 1).all()  # zero distance to itself
+    torch.testing.assert_close(mahalanobis.kernel_to_centers(t, t).diagonal(), torch.ones(3))  # zero distance
 
 
 def test_gamma_is_log_parametrised():
@@ -73,33 +73,43 @@ def test_unknown_kernel_and_bad_gamma_are_rejected():
     with pytest.raises(ValueError, match='gamma_init must be positive'):
         HyperBFKernel(4, gamma_init=0.)
     with pytest.raises(RuntimeError, match='dot-product form'):
-        HyperBFKernel(4, kernel='laplacian').dot_product_operands(*torch.randn(3, 2, 4), torch.ones(1))
+        HyperBFKernel(4, kernel='laplacian').dot_product_attention(torch.randn(2, 5, 3, 1, 4), torch.ones(1))
 
 
-def test_dot_product_operands_give_the_gaussian_softmax():
+def test_augmented_qkv_give_the_gaussian_softmax():
     torch.manual_seed(0)
-    k = HyperBFKernel(6, num_widths=2)
-    q, kk, v = torch.randn(3, 2, 5, 6), torch.randn(3, 2, 5, 6), torch.randn(3, 2, 5, 6)
+    qkv = torch.randn(3, 5, 3, 2, 6)  # (B, N, q/k/v, H, D), as a qkv projection makes them
     gamma = torch.tensor([0.2, 0.05]).reshape(2, 1, 1)
-    assert k.dot_product_operands(q, kk, v, gamma)[0].shape[-1] == 6 + 1  # one extra channel on CPU
-    q_aug, k_aug, v_aug = k.dot_product_operands(q, kk, v, gamma, pad_to=8)  # CUDA's flash kernels need 8k
-    assert q_aug.shape[-1] == 8 and k_aug.shape == v_aug.shape == q_aug.shape
-    weights = torch.softmax(-gamma * torch.cdist(q, kk).pow(2), dim=-1)
+    assert augment_qkv(qkv, gamma, pad_to=0)[0].shape[-1] == 6 + 1  # one extra channel on CPU
+    q_aug, k_aug, v_aug = augment_qkv(qkv, gamma, pad_to=8)  # CUDA's flash kernels need 8k
+    assert q_aug.shape == (3, 2, 5, 8) and k_aug.shape == v_aug.shape == q_aug.shape
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    weights = torch.softmax(-gamma * torch.cdist(q, k).pow(2), dim=-1)
     torch.testing.assert_close(torch.softmax(q_aug @ k_aug.transpose(-1, -2), dim=-1), weights)
     torch.testing.assert_close(v_aug[..., :6], v)
     assert (v_aug[..., 6:] == 0).all()
 
 
+@pytest.mark.parametrize('num_widths', [2, 1])
+def test_dot_product_attention_is_the_gaussian_attention(num_widths):
+    torch.manual_seed(0)
+    kernel = HyperBFKernel(6, num_widths=num_widths)
+    qkv = torch.randn(3, 5, 3, 2, 6)
+    gamma = torch.tensor([0.2, 0.05])[:num_widths]
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    expected = torch.softmax(kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)), dim=-1) @ v
+    torch.testing.assert_close(kernel.dot_product_attention(qkv, gamma), expected)
+
+
 def test_custom_backward_passes_match_autograd():
     torch.manual_seed(0)
     f64 = dict(dtype=torch.float64, requires_grad=True)
-    a = (torch.rand(2, 5, 7, dtype=torch.float64) - 1.5).requires_grad_()
-    x_sq, gamma = torch.rand(2, 5, 1, **f64), torch.rand(7, **f64)
-    assert torch.autograd.gradcheck(lambda a, x_sq, g: _GaussianUnits.apply(a.clone(), x_sq, g), (a, x_sq, gamma))
-    q, kk, v = (torch.randn(2, 3, 5, 6, **f64) for _ in range(3))
+    log_k = (torch.rand(2, 5, 7, dtype=torch.float64) - 1.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda log_k: _GaussianUnits.apply(log_k.clone()), (log_k,))
+    qkv = torch.randn(2, 5, 3, 3, 6, **f64)  # (B, N, q/k/v, H, D)
     for shape in [(3, 1, 1), (1, 1, 1)]:  # a width per head, one per layer
         gamma = (torch.rand(*shape, dtype=torch.float64) + 0.1).requires_grad_()
-        assert torch.autograd.gradcheck(lambda q, k, v, g: _AugmentQKV.apply(q, k, v, g, 3), (q, kk, v, gamma))
+        assert torch.autograd.gradcheck(lambda qkv, g: _AugmentQKV.apply(qkv, g, 3), (qkv, gamma))
 
 
 def test_construction_on_meta_device():

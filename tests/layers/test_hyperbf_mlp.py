@@ -71,7 +71,30 @@ def test_cost_is_that_of_an_mlp_no_token_by_centre_by_dim_tensor():
     with ShapeRecorder() as recorder:
         mlp(x).sum().backward()
     biggest = max(s.numel() for s in recorder.shapes)
-    assert biggest <= max(2 * 9 * 128, 128 * 32)  # activations or centres; (B, N, K, D) would be 32x larger
+    # activations, or centres with their norm channels (padded to 8); (B, N, K, D) would be 32x larger
+    assert biggest <= max(2 * 9 * 128, 128 * (32 + 8))
+
+
+def autograd_nodes(tensor):
+    """Names of every node in the autograd graph behind ``tensor``."""
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+def test_units_overwrite_a_fresh_tensor_not_a_view():
+    """The units are computed in place on the centre product; were that product a view, autograd would copy the
+    whole activation back and forth in the backward pass (a ``CopySlices`` node)."""
+    out = HyperBFMlp(32, 128)(layer_normed(2, 9, 32).requires_grad_())
+    nodes = autograd_nodes(out)
+    assert '_GaussianUnitsBackward' in nodes
+    assert 'CopySlices' not in nodes
 
 
 def test_init_widths():

@@ -7,7 +7,6 @@ with one learned width ``gamma_h`` per head (or one per layer, as in the authors
 import math
 
 import torch
-import torch.nn.functional as F
 from timm.layers import use_fused_attn
 from torch import nn
 from torch.jit import Final
@@ -26,7 +25,7 @@ class HyperBFAttention(nn.Module):
 
     The fused path (Gaussian kernel, ``timm.layers.use_fused_attn()``) runs ``F.scaled_dot_product_attention`` on
     queries and keys augmented with one channel that carries the key-norm term (see
-    :meth:`HyperBFKernel.dot_product_operands`), padded with ``v`` to a head width the fused kernels accept (a
+    :meth:`HyperBFKernel.dot_product_attention`), padded with ``v`` to a head width the fused kernels accept (a
     multiple of 8 on CUDA), so no ``N x N`` matrix is built outside the fused kernel. The reference path computes
     the distances explicitly; it serves the Laplacian kernel, ``TIMM_FUSED_ATTN=0`` and exportable builds.
 
@@ -77,20 +76,16 @@ class HyperBFAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = self.kernel.project(q), self.kernel.project(k)
-        gamma = self.kernel.gamma().reshape(-1, 1, 1)
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)
+        if self.kernel.metric is not None:
+            qkv = torch.cat([self.kernel.project(qkv[:, :, :2]), qkv[:, :, 2:]], dim=2)
+        gamma = self.kernel.gamma()
 
         if self.fused_attn:
-            q, k, v = self.kernel.dot_product_operands(q, k, v, gamma)
-            x = F.scaled_dot_product_attention(
-                q, k, v,
-                dropout_p=self.attn_drop.p if self.training else 0.,
-                scale=1.,
-            )[..., :self.head_dim]
+            x = self.kernel.dot_product_attention(qkv, gamma, dropout_p=self.attn_drop.p if self.training else 0.)
         else:
-            attn = self.kernel.log_kernel(q, k, gamma).softmax(dim=-1)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            attn = self.kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)).softmax(dim=-1)
             attn = self.attn_drop(attn)
             x = attn.to(v.dtype) @ v
 

@@ -20,6 +20,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.jit import Final
 
 __all__ = ['HyperBFKernel', 'KERNELS', 'distance_key', 'pairwise_sq_dist']
@@ -35,101 +36,102 @@ def pairwise_sq_dist(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return (x_sq + t_sq - 2. * (x @ t.transpose(-1, -2))).clamp_min(0.)
 
 
-# --- Gaussian units against centres: exp(min(a - gamma * ||x||^2, 0)) ------------------------------------------------
+# --- Gaussian units against centres: exp(min(log K, 0)) on a fresh matrix product -------------------------------------
 
-def _gaussian_log_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """``min(a - x_sq * gamma, 0)``, overwriting ``a`` if ``inplace``; the cap only removes rounding error (a
-    distance cannot be negative)."""
-    x_sq, gamma = x_sq.to(a.dtype), gamma.to(a.dtype)
-    if inplace:
-        return a.addcmul_(x_sq, gamma, value=-1.).clamp_max_(0.)
-    return torch.addcmul(a, x_sq, gamma, value=-1.).clamp_max(0.)
-
-
-def _gaussian_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """``exp(min(a - x_sq * gamma, 0))``, overwriting ``a`` if ``inplace``."""
-    log_k = _gaussian_log_units(a, x_sq, gamma, inplace)
-    return log_k.exp_() if inplace else log_k.exp()
+def _gaussian_units(log_k: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """``exp(min(log_k, 0))``, overwriting ``log_k`` if ``inplace``; the cap only removes rounding error (a distance
+    cannot be negative)."""
+    return log_k.clamp_max_(0.).exp_() if inplace else log_k.clamp_max(0.).exp()
 
 
 class _GaussianUnits(torch.autograd.Function):
-    """:func:`_gaussian_units` in place on ``a`` (a fresh ``linear`` output), saving only its output; the gradient
+    """:func:`_gaussian_units` in place on ``log_k`` (a fresh matrix product), saving only its output; the gradient
     passes the cap as if it were not there."""
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-        out = _gaussian_units(a, x_sq, gamma, inplace=True)
-        ctx.mark_dirty(a)
-        ctx.save_for_backward(out, x_sq, gamma)
+    def forward(ctx, log_k: torch.Tensor) -> torch.Tensor:
+        out = _gaussian_units(log_k, inplace=True)
+        ctx.mark_dirty(log_k)
+        ctx.save_for_backward(out)
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out, x_sq, gamma = ctx.saved_tensors
-        grad_a = grad * out
-        grad_x_sq = -(grad_a @ gamma.to(grad_a.dtype)).unsqueeze(-1)
-        grad_gamma = -(x_sq.reshape(1, -1).to(grad_a.dtype) @ grad_a.reshape(-1, grad_a.shape[-1])).reshape(-1)
-        return grad_a, grad_x_sq.to(x_sq.dtype), grad_gamma.to(gamma.dtype)
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        out, = ctx.saved_tensors
+        return grad * out
 
 
-def gaussian_units(a: torch.Tensor, x_sq: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-    """``exp(min(a - x_sq * gamma, 0))`` for ``a (..., M)``, ``x_sq (..., 1)``, ``gamma (M,)``; may overwrite ``a``."""
+def gaussian_units(log_k: torch.Tensor) -> torch.Tensor:
+    """``exp(min(log_k, 0))``; overwrites ``log_k``, which must not be a view (autograd would copy it back)."""
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
-        return _gaussian_units(a, x_sq, gamma, inplace=not torch.is_grad_enabled())
-    return _GaussianUnits.apply(a, x_sq, gamma)
+        return _gaussian_units(log_k, inplace=not torch.is_grad_enabled())
+    return _GaussianUnits.apply(log_k)
 
 
 # --- Gaussian attention as a dot product ------------------------------------------------------------------------------
 
-def _augment_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad: int) -> torch.Tensor:
-    """One buffer ``(3, ..., N, D + pad)`` holding ``[q, 1, 1...]``, ``[2 gamma k, -gamma ||k||^2, 0...]`` and
-    ``[v, 0...]``: one copy of q, k, v, then in-place fills."""
-    dim = q.shape[-1]
-    buf = q.new_empty((3,) + q.shape[:-1] + (dim + pad,))
-    buf[0, ..., :dim] = q
-    buf[0, ..., dim:] = 1.  # every pad channel of q is 1: only the first meets a non-zero key channel
-    k_aug = buf[1]
-    k_aug[..., :dim] = k
+def _augment_qkv(
+        qkv: torch.Tensor,
+        gamma: torch.Tensor,
+        pad: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(B, N, 3, H, D) -> 3 x (B, H, N, D + pad)``: ``[q, 1...]``, ``[2 gamma k, -gamma ||k||^2, 0...]`` and
+    ``[v, 0...]``, each contiguous as the attention kernels prefer, in one pass over the qkv projection."""
+    dim = qkv.shape[-1]
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    q_aug, k_aug, v_aug = (qkv.new_empty(q.shape[:-1] + (dim + pad,)) for _ in range(3))
+    q_aug[..., :dim] = q
+    q_aug[..., dim:] = 1.  # every pad channel of q is 1: only the first meets a non-zero key channel
+    if torch.is_grad_enabled():  # scripted models; autograd does not differentiate through out=
+        k_aug[..., :dim] = k * (2. * gamma)
+    else:
+        torch.mul(k, 2. * gamma, out=k_aug[..., :dim])
     k_aug[..., dim:dim + 1] = -gamma * k.pow(2).sum(-1, keepdim=True)
     k_aug[..., dim + 1:] = 0.
-    k_aug[..., :dim] *= 2. * gamma
-    buf[2, ..., :dim] = v
-    buf[2, ..., dim:] = 0.
-    return buf
+    v_aug[..., :dim] = v
+    v_aug[..., dim:] = 0.
+    return q_aug, k_aug, v_aug
 
 
 class _AugmentQKV(torch.autograd.Function):
-    """:func:`_augment_qkv` that saves only the augmented keys (which the attention kernel saves anyway) and gamma."""
+    """:func:`_augment_qkv` that saves only the augmented keys (which the attention kernel saves anyway) and gamma,
+    and writes the gradient of the qkv projection in one pass, in the projection's layout."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad: int) -> torch.Tensor:
-        buf = _augment_qkv(q, k, v, gamma, pad)
-        ctx.pad = pad
-        ctx.save_for_backward(buf[1], gamma)
-        return buf
+    def forward(ctx, qkv: torch.Tensor, gamma: torch.Tensor, pad: int):
+        q_aug, k_aug, v_aug = _augment_qkv(qkv, gamma, pad)
+        ctx.save_for_backward(k_aug, gamma)
+        ctx.dim = qkv.shape[-1]
+        return q_aug, k_aug, v_aug
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    @once_differentiable
+    def backward(ctx, grad_q_aug: torch.Tensor, grad_k_aug: torch.Tensor, grad_v_aug: torch.Tensor):
         k_aug, gamma = ctx.saved_tensors
-        dim = k_aug.shape[-1] - ctx.pad
-        k = k_aug[..., :dim] / (2. * gamma)
-        neg_k_sq = k_aug[..., dim:dim + 1] / gamma  # -||k||^2
-        grad_main, grad_norm = grad[1, ..., :dim], grad[1, ..., dim:dim + 1]
-        grad_k = (2. * gamma) * (grad_main - k * grad_norm)
+        dim = ctx.dim
+        k_main, k_norm = k_aug[..., :dim], k_aug[..., dim:dim + 1]  # 2 gamma k, -gamma ||k||^2
+        grad_main, grad_norm = grad_k_aug[..., :dim], grad_k_aug[..., dim:dim + 1]
         # d/dgamma of (2 gamma k . g_main - gamma ||k||^2 g_norm), summed to gamma's shape
-        grad_gamma = (2. * k * grad_main).sum(-1, keepdim=True) + neg_k_sq * grad_norm
-        return grad[0, ..., :dim], grad_k, grad[2, ..., :dim], grad_gamma.sum_to_size(gamma.shape), None
+        grad_gamma = ((k_main * grad_main).sum(-1, keepdim=True) + k_norm * grad_norm) / gamma
+        B, H, N = k_aug.shape[:3]
+        grad_qkv = k_aug.new_empty(B, N, 3, H, dim)
+        grad_q, grad_k, grad_v = grad_qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        grad_q.copy_(grad_q_aug[..., :dim])
+        torch.mul(grad_main, 2. * gamma, out=grad_k)  # 2 gamma (g_main - k g_norm)
+        grad_k.addcmul_(k_main, grad_norm, value=-1.)
+        grad_v.copy_(grad_v_aug[..., :dim])
+        return grad_qkv, grad_gamma.sum_to_size(gamma.shape), None
 
 
-def augment_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor, pad_to: int) -> torch.Tensor:
+def augment_qkv(qkv: torch.Tensor, gamma: torch.Tensor, pad_to: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_augment_qkv` to a width that is a multiple of ``pad_to`` (0: of 8 on CUDA, whose flash kernels need
     it, else any width), with a backward pass that keeps no more than the attention kernel keeps."""
     if pad_to <= 0:
-        pad_to = 8 if q.is_cuda else 1
-    pad = (-(q.shape[-1] + 1) % pad_to) + 1
+        pad_to = 8 if qkv.is_cuda else 1
+    pad = (-(qkv.shape[-1] + 1) % pad_to) + 1
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
-        return _augment_qkv(q, k, v, gamma, pad)
-    return _AugmentQKV.apply(q, k, v, gamma, pad)
+        return _augment_qkv(qkv, gamma, pad)
+    return _AugmentQKV.apply(qkv, gamma, pad)
 
 
 def distance_key(k: torch.Tensor) -> torch.Tensor:
@@ -150,7 +152,7 @@ class HyperBFKernel(nn.Module):
     * :meth:`log_kernel`: the plain formula on a full distance matrix (reference path);
     * :meth:`log_kernel_to_centers` and :meth:`kernel_to_centers`: points against a fixed set of centres with one
       width per centre, as a single ``linear`` (the cost of an MLP's first layer);
-    * :meth:`dot_product_operands`: Gaussian logits rewritten for fused scaled-dot-product attention.
+    * :meth:`dot_product_attention`: Gaussian attention rewritten for fused scaled-dot-product kernels.
 
     Args:
         dim: Feature dimension of the points and centres.
@@ -223,59 +225,65 @@ class HyperBFKernel(nn.Module):
         """
         return self._from_sq_dist(pairwise_sq_dist(x, t), gamma)
 
-    def _center_terms(
-            self,
-            x: torch.Tensor,
-            centers: torch.Tensor,
-            gamma: torch.Tensor,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``a = x . 2 gamma_i t_i - gamma_i ||t_i||^2`` and ``||x||^2``, so that
-        ``-gamma_i ||x - t_i||^2 = a - gamma_i ||x||^2``."""
+    def _log_kernel_matrix(self, x: torch.Tensor, centers: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        """``-gamma_i ||x - t_i||^2`` for points ``(..., D)`` flattened to ``(P, D)``: ``(P, M)``, as one matrix
+        product of operands augmented with the norms,
+
+            [x, ||x||^2, 1] . [2 gamma_i t_i, -gamma_i, -gamma_i ||t_i||^2] = -gamma_i ||x - t_i||^2,
+
+        zero-padded to a width that is a multiple of 8. The product is a fresh tensor (not a view of one), which
+        :func:`gaussian_units` may overwrite, and its backward pass is the two products of a bias-free ``linear``.
+        """
         x, centers = self.project(x), self.project(centers)
-        a = F.linear(x, centers * (2. * gamma).unsqueeze(-1), -gamma * centers.pow(2).sum(-1))
-        return a, x.pow(2).sum(-1, keepdim=True)
+        x = x.reshape(-1, x.shape[-1])
+        pad = -(self.dim + 2) % 8
+        x_aug = torch.cat([x, x.pow(2).sum(-1, keepdim=True), x.new_ones(x.shape[0], 1),
+                           x.new_zeros(x.shape[0], pad)], dim=-1)
+        gamma = gamma.unsqueeze(-1)
+        centers_aug = torch.cat([2. * gamma * centers, -gamma, -gamma * centers.pow(2).sum(-1, keepdim=True),
+                                 centers.new_zeros(centers.shape[0], pad)], dim=-1)
+        return F.linear(x_aug, centers_aug)
 
     def log_kernel_to_centers(self, x: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
         """``log K(x, t_i)`` against ``M`` centres with one width each: ``(..., D), (M, D) -> (..., M)``."""
         gamma = self.gamma()
+        shape = x.shape[:-1] + (centers.shape[0],)
         if self.is_gaussian:
-            a, x_sq = self._center_terms(x, centers, gamma)
-            return _gaussian_log_units(a, x_sq, gamma, inplace=False)
-        a, x_sq = self._center_terms(x, centers, torch.ones_like(gamma))
-        return self._from_sq_dist((x_sq - a).clamp_min(0.), gamma)
+            return self._log_kernel_matrix(x, centers, gamma).clamp_max(0.).reshape(shape)
+        neg_sq_dist = self._log_kernel_matrix(x, centers, torch.ones_like(gamma))
+        return self._from_sq_dist(neg_sq_dist.neg().clamp_min(0.), gamma).reshape(shape)
 
     def kernel_to_centers(self, x: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
         """``K(x, t_i)`` against ``M`` centres with one width each: ``(..., D), (M, D) -> (..., M)``."""
         if not self.is_gaussian:
             return self.log_kernel_to_centers(x, centers).exp()
-        gamma = self.gamma()
-        a, x_sq = self._center_terms(x, centers, gamma)
-        return gaussian_units(a, x_sq, gamma)
+        log_k = self._log_kernel_matrix(x, centers, self.gamma())
+        return gaussian_units(log_k).reshape(x.shape[:-1] + (centers.shape[0],))
 
-    def dot_product_operands(
+    def dot_product_attention(
             self,
-            q: torch.Tensor,
-            k: torch.Tensor,
-            v: torch.Tensor,
+            qkv: torch.Tensor,
             gamma: torch.Tensor,
+            dropout_p: float = 0.,
             pad_to: int = 0,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Gaussian attention as plain scaled-dot-product attention, for fused kernels.
+    ) -> torch.Tensor:
+        """Gaussian attention on torch's fused scaled-dot-product kernels.
 
         Along a softmax over keys ``j`` the query norm is a constant, so
 
             softmax_j(-gamma ||q_i - k_j||^2) = softmax_j([q_i, 1] . [2 gamma k_j, -gamma ||k_j||^2]).
 
-        Takes projected ``q``, ``k`` and ``v`` of shape ``(..., N, D)`` and ``gamma`` broadcastable to
-        ``(..., 1, 1)``; returns ``(q', k', v')`` zero-padded to a common width that is a multiple of ``pad_to``
-        (by default 8 on CUDA, what its flash kernels accept; no more than the one extra channel elsewhere), in
-        ``q``'s dtype. Attend with ``scale=1`` and keep the first ``D`` channels.
+        Takes projected queries, keys and values stacked as a qkv projection makes them, ``(B, N, 3, H, D)``, and
+        one width per head or one for all, ``gamma`` of shape ``(H,)`` or ``(1,)``; returns ``(B, H, N, D)``. The
+        operands are zero-padded to a common width that is a multiple of ``pad_to`` (by default 8 on CUDA, what its
+        flash kernels accept; no more than the one extra channel elsewhere).
         """
         if not self.is_gaussian:
             raise RuntimeError('Only the Gaussian kernel has a dot-product form; use log_kernel for the Laplacian.')
-        dtype = q.dtype
-        q, k, v = augment_qkv(q, k.to(dtype), v.to(dtype), gamma.to(dtype), pad_to).unbind(0)
-        return q, k, v
+        dim = qkv.shape[-1]
+        gamma = gamma.to(qkv.dtype).reshape(-1, 1, 1)
+        q, k, v = augment_qkv(qkv, gamma, pad_to)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.)[..., :dim]
 
     def distance_query(self, q: torch.Tensor) -> torch.Tensor:
         """``q -> gamma [2 q, -1]`` for ``q`` of shape ``(num_widths, D)`` (Gaussian kernel, no metric): against keys
