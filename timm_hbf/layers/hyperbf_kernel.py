@@ -8,10 +8,10 @@ Mahalanobis factor: the metric ``W^T W`` is positive semi-definite by constructi
 the kernel is the plain radial basis function.
 
 Distances are never formed from ``x[:, None] - t[None]`` differences: ``||x - t||^2 = ||x||^2 + ||t||^2 - 2 x.t``
-turns them into one matrix product plus two norms, which is what lets HyperBF layers cost what their dot-product
-counterparts cost. The two hot paths (Gaussian units against centres, Gaussian attention logits) have hand-written
-backward passes that keep only what the next op saves anyway, so they use no more activation memory than a GELU MLP
-and plain scaled-dot-product attention.
+turns them into one matrix product of operands augmented with their norms, which is what lets HyperBF layers cost
+what their dot-product counterparts cost. The two hot paths (Gaussian units against centres, Gaussian attention
+logits) have hand-written backward passes that keep only what the next op saves anyway, so they use no more
+activation memory than a GELU MLP and plain scaled-dot-product attention.
 """
 import math
 from typing import Tuple
