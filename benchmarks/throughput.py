@@ -7,8 +7,11 @@ width, patch, image size and classes. Throughput is measured in one process with
 round (so drifts in machine load hit them alike), and reported as the median over rounds. Peak memory is measured for
 each model in a fresh subprocess: on CUDA ``torch.cuda.max_memory_allocated``, on CPU (Linux) the peak resident set
 size minus the resident size just before the model was built (parameters, gradients, optimizer state and
-activations). ``--json PATH`` writes every round and the environment, and a bar chart beside it (``PATH`` with
-``.png``).
+activations), with glibc's mmap threshold pinned at 128 KiB (``MALLOC_MMAP_THRESHOLD_``): every tensor of that size
+or more is then mapped on allocation and returned on free, so that the peak counts live tensors, as CUDA's does,
+and not heap memory that the allocator kept after frees (by default glibc raises the threshold as the program
+frees large blocks, and how much freed memory it keeps depends on the order of allocations). ``--json PATH``
+writes every round and the environment, and a bar chart beside it (``PATH`` with ``.png``).
 
     python benchmarks/throughput.py --mixer                           # the README table (CPU)
     python benchmarks/throughput.py --device cuda --amp --compile     # CUDA, bf16 autocast, torch.compile
@@ -29,6 +32,8 @@ import torch
 
 import timm_hbf
 from timm_hbf.models import VisionTransformerQimia
+
+MMAP_THRESHOLD = 128 * 1024  # bytes; see the module docstring
 
 # (candidate, batch size on CPU, batch size on CUDA)
 DEFAULT_CASES = [
@@ -145,7 +150,8 @@ def peak_memory(spec: dict, input_size: tuple, batch_size: int, train: bool, arg
     cmd = [sys.executable, __file__, '--measure-memory', json.dumps(spec), '--batch-size', str(batch_size),
            '--device', args.device] + (['--train'] if train else []) + (['--amp'] if args.amp else []) + \
           (['--compile'] if args.compile else [])
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return float(out.strip().splitlines()[-1])
 
 
@@ -278,6 +284,7 @@ def main() -> None:
         command=' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv),
         amp=args.amp,
         compile=args.compile,
+        malloc_mmap_threshold=MMAP_THRESHOLD,
     )
     print(f"\n{env['device']}, {env['threads']} threads, torch {env['torch']}, timm {env['timm']}"
           f"{', bf16 autocast' if args.amp else ''}{', torch.compile' if args.compile else ''}\n")

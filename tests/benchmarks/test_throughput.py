@@ -56,3 +56,18 @@ def test_a_run_writes_every_model_with_ratios_to_the_vit_and_a_plot(tmp_path, mo
             assert len(entry['rounds']) == 2 and entry['images_per_s'] > 0 and entry['peak_mib'] > 0
     assert record['environment']['command'].endswith('--mixer --json ' + str(out))
     assert (tmp_path / 'bench.png').stat().st_size > 0
+
+
+def test_memory_is_measured_with_the_mmap_threshold_pinned(monkeypatch):
+    """Peak RSS counts live tensors only if freed large blocks go back to the system at once."""
+    throughput = load_throughput()
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(kwargs['env'])
+        return type('Done', (), {'stdout': 'building\n123.5\n'})()
+
+    monkeypatch.setattr(throughput.subprocess, 'run', fake_run)
+    args = type('Args', (), dict(device='cpu', amp=False, compile=False))()
+    assert throughput.peak_memory({'model_name': 'vit_hyperbf_tiny'}, (3, 32, 32), 2, True, args) == 123.5
+    assert calls[0]['MALLOC_MMAP_THRESHOLD_'] == str(128 * 1024)

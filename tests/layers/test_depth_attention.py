@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from timm_hbf.layers import DepthAttention, DepthKey, depth_attend, normalized_entropy, write_entry
-from timm_hbf.layers.depth_attention import _attend
+from timm_hbf.layers.depth_attention import _depth_weights, _mix
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, capacity=7, dtype=torch.float64, seed=0):
@@ -70,29 +70,36 @@ def test_read_sees_only_the_entries_written_so_far():
     assert torch.isfinite(depth_attend(query, keys, values, key_entries, value_entries)).all()
 
 
+@pytest.mark.parametrize('norm_eps', [0., 1e-6])
 @pytest.mark.parametrize('keep', [False, True])
-def test_backward_matches_plain_autograd_on_stacked_entries(keep):
+def test_backward_matches_plain_autograd_on_stacked_entries(keep, norm_eps):
     keys, values, key_entries, value_entries = memory()
     query = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     mask = (torch.rand(5, 2, 3, 2, dtype=torch.float64) > .3) / .7 if keep else None
     grad_out = torch.randn(2, 3, 12, dtype=torch.float64)
 
     inputs = [query, *key_entries, *value_entries]
-    fast = torch.autograd.grad(depth_attend(query, keys, values, key_entries, value_entries, mask), inputs, grad_out)
-    plain = torch.autograd.grad(_attend(query, torch.stack(key_entries), torch.stack(value_entries), mask), inputs,
-                                grad_out)
+    out = depth_attend(query, keys, values, key_entries, value_entries, mask, norm_eps)
+    fast = torch.autograd.grad(out, inputs, grad_out)
+    weights = _depth_weights(query, torch.stack(key_entries)) * (mask if keep else 1.)
+    plain_out = _mix(weights, torch.stack(value_entries))
+    if norm_eps:
+        plain_out = torch.nn.functional.layer_norm(plain_out, (12,), eps=norm_eps)
+    torch.testing.assert_close(out, plain_out)
+    plain = torch.autograd.grad(plain_out, inputs, grad_out)
     for f, p in zip(fast, plain):
         torch.testing.assert_close(f, p)
 
 
-def test_gradcheck():
+@pytest.mark.parametrize('norm_eps', [0., 1e-6])
+def test_gradcheck(norm_eps):
     keys, values, key_entries, value_entries = memory(num_entries=3, batch=1, tokens=2, key_width=4, dim=4)
     query = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
 
     def read(q, *entries):  # writes, then reads: gradcheck perturbs the entries
         for i in range(3):
             write_entry(keys, values, i, entries[i], entries[3 + i])
-        return depth_attend(q, keys, values, list(entries[:3]), list(entries[3:]))
+        return depth_attend(q, keys, values, list(entries[:3]), list(entries[3:]), norm_eps=norm_eps)
 
     assert torch.autograd.gradcheck(read, (query, *key_entries, *value_entries))
 
@@ -126,8 +133,8 @@ def test_broadcast_entries_get_summed_gradients():
     query = torch.randn(2, 4, dtype=torch.float64)
     out = depth_attend(query, keys, values, key_entries, value_entries)
     grad = torch.autograd.grad(out.sum(), shared)[0]
-    plain = torch.autograd.grad(_attend(query, torch.stack(key_entries), torch.stack(value_entries), None).sum(),
-                                shared)[0]
+    plain_out = _mix(_depth_weights(query, torch.stack(key_entries)), torch.stack(value_entries))
+    plain = torch.autograd.grad(plain_out.sum(), shared)[0]
     torch.testing.assert_close(grad, plain)
 
 

@@ -166,8 +166,8 @@ def test_fast_reads_match_plain_autograd_on_stacked_entries(monkeypatch):
     fast = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
-    def stacked(query, keys, values, key_entries, value_entries, keep=None):
-        return depth_attention._attend(query, torch.stack(key_entries), torch.stack(value_entries), keep)
+    def stacked(query, keys, values, key_entries, value_entries, keep=None, norm_eps=0.):
+        return depth_attention._attend(query, torch.stack(key_entries), torch.stack(value_entries), keep, norm_eps)
 
     monkeypatch.setattr(depth_attention, 'depth_attend', stacked)
     model(x).sum().backward()
@@ -251,8 +251,9 @@ def test_null_entry_is_read_first():
 
 
 def test_batchnorm_values_replace_the_read_layernorm():
+    assert small().blocks[0].attn.read.norm_eps == 1e-6  # LayerNorm without affine on every read
     model = small(value_norm='batchnorm')
-    assert isinstance(model.blocks[0].attn.read.norm, torch.nn.Identity)
+    assert model.blocks[0].attn.read.norm_eps == 0.  # no norm on reads
     assert type(model.blocks[0].attn.value[-1]).__name__ == 'TokenBatchNorm'
 
 

@@ -20,6 +20,7 @@ from typing import List, Optional, Tuple
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 from torch import nn
 from torch.jit import Final
 
@@ -64,37 +65,56 @@ def _mix(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return out.view(B, N, D)
 
 
+def _layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm without affine over the last dim (in float32 under autocast, as ``nn.LayerNorm``)."""
+    return F.layer_norm(x, [x.shape[-1]], eps=eps)
+
+
 def _attend(
         query: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
         keep: Optional[torch.Tensor],
+        norm_eps: float,
 ) -> torch.Tensor:
     weights = _depth_weights(query, keys)
     if keep is not None:
         weights = weights * keep
-    return _mix(weights, values)
+    out = _mix(weights, values)
+    return _layer_norm(out, norm_eps) if norm_eps > 0. else out
 
 
 class _DepthAttend(torch.autograd.Function):
     """:func:`_attend` on the filled prefix of the memory buffers. The buffers are not autograd inputs (later
-    blocks keep writing into them, after this prefix); the written entries are, and receive the gradients."""
+    blocks keep writing into them, after this prefix); the written entries are, and receive the gradients. The norm's
+    backward pass works from its output (which the next layer keeps anyway) and ``1 / std``, so the read keeps no
+    copy of the mix before the norm."""
 
     @staticmethod
-    def forward(ctx, query, keys, values, keep, *entries):
+    def forward(ctx, query, keys, values, keep, norm_eps, *entries):
         num = len(entries) // 2
         keys, values = keys[:num], values[:num]
         weights = _depth_weights(query, keys)
-        ctx.keys, ctx.values, ctx.has_keep = keys, values, keep is not None
-        ctx.save_for_backward(weights, query, *([keep] if keep is not None else []))
+        out = _mix(weights * keep if keep is not None else weights, values)
+        normed = norm_eps > 0.
+        if normed:
+            var = torch.var_mean(out.to(_accumulation_dtype(out)), -1, correction=0, keepdim=True)[0]
+            rstd = (var + norm_eps).rsqrt()
+            out = _layer_norm(out, norm_eps)
+        ctx.keys, ctx.values, ctx.has_keep, ctx.normed = keys, values, keep is not None, normed
+        ctx.save_for_backward(weights, query, *([keep] if keep is not None else []), *([out, rstd] if normed else []))
         ctx.entry_meta = [(e.shape, e.dtype) for e in entries]
-        return _mix(weights * keep if keep is not None else weights, values)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        saved = ctx.saved_tensors  # unpacked once: grad checkpointing allows no second unpack
+        saved = list(ctx.saved_tensors)  # unpacked once: grad checkpointing allows no second unpack
         weights, query = saved[:2]
         keep = saved[2] if ctx.has_keep else None
+        if ctx.normed:  # LayerNorm backward from y and 1 / std: rstd (g - mean(g) - y mean(g y))
+            normed_out, rstd = saved[-2:]
+            normed_out, grad = normed_out.to(rstd.dtype), grad.to(rstd.dtype)
+            grad = rstd * (grad - grad.mean(-1, keepdim=True) - normed_out * (grad * normed_out).mean(-1, keepdim=True))
         L, B, N, H = weights.shape
         keys, values = ctx.keys, ctx.values.view(L, B, N, H, -1)
         grad = grad.view(B, N, H, -1)
@@ -112,7 +132,7 @@ class _DepthAttend(torch.autograd.Function):
         query_blocks = _block_diagonal(query.to(keys.dtype))
         grad_keys = [grad_logits[i].mm(query_blocks).view(B, N, -1) for i in range(L)]
         grads = [g.sum_to_size(shape).to(dtype) for g, (shape, dtype) in zip(grad_keys + grad_values, ctx.entry_meta)]
-        return (grad_query, None, None, None, *grads)
+        return (grad_query, None, None, None, None, *grads)
 
 
 def depth_attend(
@@ -122,13 +142,15 @@ def depth_attend(
         key_entries: List[torch.Tensor],
         value_entries: List[torch.Tensor],
         keep: Optional[torch.Tensor] = None,
+        norm_eps: float = 0.,
 ) -> torch.Tensor:
-    """Attention of ``query (H, Dk)`` over the ``len(key_entries)`` entries written so far (Eq. 1-2, before the
-    norm): ``(B, N, D)``. ``keep`` (``(L, B, N, H)``, optional) scales the weights, e.g. a dropout mask."""
+    """Attention of ``query (H, Dk)`` over the ``len(key_entries)`` entries written so far (Eq. 1-2): ``(B, N, D)``.
+    ``keep`` (``(L, B, N, H)``, optional) scales the weights, e.g. a dropout mask; ``norm_eps > 0`` applies
+    LayerNorm without affine, with that epsilon (in float32 or wider, as under autocast)."""
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
         num = len(key_entries)
-        return _attend(query, keys[:num], values[:num], keep)
-    return _DepthAttend.apply(query, keys, values, keep, *key_entries, *value_entries)
+        return _attend(query, keys[:num], values[:num], keep, norm_eps)
+    return _DepthAttend.apply(query, keys, values, keep, norm_eps, *key_entries, *value_entries)
 
 
 class _WriteEntry(torch.autograd.Function):
@@ -240,7 +262,7 @@ class DepthAttention(nn.Module):
         # gamma = 1/2: -gamma ||q - k||^2 keeps the q . k term of the dot-product kernel
         self.kernel = HyperBFKernel(key_dim // num_heads, num_heads, gamma_init=.5, **dd) \
             if kernel == 'gaussian' else None
-        self.norm = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False, **dd) if norm else nn.Identity()
+        self.norm_eps = 1e-6 if norm else 0.
 
     def init_weights(self) -> None:
         nn.init.zeros_(self.query)
@@ -266,8 +288,7 @@ class DepthAttention(nn.Module):
         if self.training and self.path_drop > 0.:
             shape: Tuple[int, int, int, int] = (len(key_entries), keys.shape[1], keys.shape[2], self.num_heads)
             keep = torch.empty(shape, device=keys.device).bernoulli_(1. - self.path_drop) / (1. - self.path_drop)
-        out = depth_attend(self.operand(), keys, values, key_entries, value_entries, keep)
-        return self.norm(out)
+        return depth_attend(self.operand(), keys, values, key_entries, value_entries, keep, self.norm_eps)
 
     def extra_repr(self) -> str:
-        return f'num_heads={self.num_heads}, path_drop={self.path_drop}'
+        return f'num_heads={self.num_heads}, norm_eps={self.norm_eps}, path_drop={self.path_drop}'
