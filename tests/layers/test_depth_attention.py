@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from timm_hbf.layers import DepthAttention, DepthKey, depth_attend, normalized_entropy, write_entry
-from timm_hbf.layers.depth_attention import _depth_weights, _mix
+from timm_hbf.layers.depth_attention import _attend
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, capacity=7, dtype=torch.float64, seed=0):
@@ -81,10 +81,7 @@ def test_backward_matches_plain_autograd_on_stacked_entries(keep, norm_eps):
     inputs = [query, *key_entries, *value_entries]
     out = depth_attend(query, keys, values, key_entries, value_entries, mask, norm_eps)
     fast = torch.autograd.grad(out, inputs, grad_out)
-    weights = _depth_weights(query, torch.stack(key_entries)) * (mask if keep else 1.)
-    plain_out = _mix(weights, torch.stack(value_entries))
-    if norm_eps:
-        plain_out = torch.nn.functional.layer_norm(plain_out, (12,), eps=norm_eps)
+    plain_out = _attend(query, torch.stack(key_entries), torch.stack(value_entries), mask, norm_eps)
     torch.testing.assert_close(out, plain_out)
     plain = torch.autograd.grad(plain_out, inputs, grad_out)
     for f, p in zip(fast, plain):
@@ -133,8 +130,8 @@ def test_broadcast_entries_get_summed_gradients():
     query = torch.randn(2, 4, dtype=torch.float64)
     out = depth_attend(query, keys, values, key_entries, value_entries)
     grad = torch.autograd.grad(out.sum(), shared)[0]
-    plain_out = _mix(_depth_weights(query, torch.stack(key_entries)), torch.stack(value_entries))
-    plain = torch.autograd.grad(plain_out.sum(), shared)[0]
+    plain = torch.autograd.grad(_attend(query, torch.stack(key_entries), torch.stack(value_entries), None, 0.).sum(),
+                                shared)[0]
     torch.testing.assert_close(grad, plain)
 
 

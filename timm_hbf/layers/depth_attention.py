@@ -108,7 +108,7 @@ class _DepthAttend(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        saved = list(ctx.saved_tensors)  # unpacked once: grad checkpointing allows no second unpack
+        saved = ctx.saved_tensors  # unpacked once: grad checkpointing allows no second unpack
         weights, query = saved[:2]
         keep = saved[2] if ctx.has_keep else None
         if ctx.normed:  # LayerNorm backward from y and 1 / std: rstd (g - mean(g) - y mean(g y))
