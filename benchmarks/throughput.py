@@ -41,6 +41,10 @@ DEFAULT_CASES = [
     ('vit_hyperbf_tiny_patch16_224', 32, 256),
     ('vit_qimia_tiny', 128, 1024),
 ]
+# further variants of a candidate, measured beside it: label -> kwargs of timm.create_model
+VARIANTS = {
+    'vit_qimia_tiny': {'vit_qimia_tiny, memory_block_size=4': dict(memory_block_size=4)},
+}
 
 
 def dimensions(model: torch.nn.Module) -> dict:
@@ -191,7 +195,7 @@ def markdown_table(results: list) -> str:
              '|---|---|---|---|---|---|---|---|']
     for r in results:
         for label, e in r['models'].items():
-            shown = f"`{label}`" if label == r['model'] else label
+            shown = f"`{label}`" if e['spec'].get('model_name') == r['model'] else label
             lines.append(f"| {shown} | {r['input']} | {r['mode']} | {r['batch_size']} | {e['images_per_s']:.1f} | "
                          f"{e['throughput_ratio']:.2f} | {e['peak_mib']:.0f} | {e['memory_ratio']:.2f} |")
     return '\n'.join(lines)
@@ -209,9 +213,10 @@ def plot(results: list, env: dict, path: str) -> None:
     for ax, r in zip(axes.T.flat, results):
         labels = list(r['models'])
         ax.bar(range(len(labels)), [r['models'][k]['images_per_s'] for k in labels],
-               color=['tab:blue'] + ['tab:gray'] * (len(labels) - 1))
-        ax.set_xticks(range(len(labels)), [k.replace('timm ', '').replace('_', '_\n', 1) for k in labels],
-                      fontsize=7)
+               color=['tab:blue' if r['models'][k]['spec'].get('model_name') == r['model'] else 'tab:gray'
+                      for k in labels])
+        ax.set_xticks(range(len(labels)), [k.replace('timm ', '').replace(', ', '\n').replace('_', '_\n', 1)
+                                           for k in labels], fontsize=7)
         ax.set_title(f"{r['input']} {r['mode']}, batch {r['batch_size']}", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel('images/s')
@@ -255,7 +260,9 @@ def main() -> None:
         meta_model = timm.create_model(name, device='meta')
         input_size = tuple(meta_model.pretrained_cfg['input_size'])
         dims = dimensions(meta_model)
-        specs = {name: dict(model_name=name), **{label: BASELINES[label](dims) for label in baselines}}
+        specs = {name: dict(model_name=name),
+                 **{label: dict(kwargs, model_name=name) for label, kwargs in VARIANTS.get(name, {}).items()},
+                 **{label: BASELINES[label](dims) for label in baselines}}
         for train in (False, True):
             speed = throughput(specs, input_size, batch_size, train, args)
             memory = {label: peak_memory(spec, input_size, batch_size, train, args) for label, spec in specs.items()}

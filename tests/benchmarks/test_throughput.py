@@ -36,20 +36,29 @@ def test_baselines_have_the_candidates_size(name):
     assert mixer.blocks[0].mlp_channels.fc1.out_features == dims['hidden']
 
 
+def test_variants_are_valid_models():
+    for name, variants in load_throughput().VARIANTS.items():
+        for kwargs in variants.values():
+            timm.create_model(name, device='meta', **kwargs)
+
+
 def test_a_run_writes_every_model_with_ratios_to_the_vit_and_a_plot(tmp_path, monkeypatch):
     out = tmp_path / 'bench.json'
     monkeypatch.setattr(sys, 'argv', [
         'throughput.py', '--models', 'vit_hyperbf_tiny', '--batch-size', '2', '--warmup', '1', '--steps', '1',
         '--rounds', '2', '--mixer', '--json', str(out)])
+    bench = load_throughput()
+    monkeypatch.setattr(bench, 'VARIANTS', {'vit_hyperbf_tiny': {'vit_hyperbf_tiny, depth=2': dict(depth=2)}})
     threads = torch.get_num_threads()
     try:
-        load_throughput().main()
+        bench.main()
     finally:
         torch.set_num_threads(threads)
     record = json.loads(out.read_text())
     assert [r['mode'] for r in record['results']] == ['infer', 'train']
     for row in record['results']:
-        assert list(row['models']) == ['vit_hyperbf_tiny', 'timm ViT', 'timm MLP-Mixer']
+        assert list(row['models']) == ['vit_hyperbf_tiny', 'vit_hyperbf_tiny, depth=2', 'timm ViT', 'timm MLP-Mixer']
+        assert row['models']['vit_hyperbf_tiny, depth=2']['spec'] == dict(model_name='vit_hyperbf_tiny', depth=2)
         assert row['models']['timm ViT']['throughput_ratio'] == 1.
         assert row['models']['timm ViT']['memory_ratio'] == 1.
         for entry in row['models'].values():

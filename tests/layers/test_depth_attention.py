@@ -9,17 +9,18 @@ from timm_hbf.layers.depth_attention import _attend
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, capacity=7, dtype=torch.float64, seed=0):
-    """Buffers with room for ``capacity`` entries and ``num_entries`` written, plus the written tensors (leaves
-    that require grad)."""
+    """Buffers with room for ``capacity`` entries and ``num_entries`` written, plus the written entries (the slots
+    that :func:`write_entry` returns, from leaves that require grad)."""
     g = torch.Generator().manual_seed(seed)
     keys = torch.full((capacity, batch, tokens, key_width), float('nan'), dtype=dtype)
     values = torch.full((capacity, batch, tokens, dim), float('nan'), dtype=dtype)
-    key_entries = [torch.randn(batch, tokens, key_width, generator=g, dtype=dtype).requires_grad_()
-                   for _ in range(num_entries)]
-    value_entries = [torch.randn(batch, tokens, dim, generator=g, dtype=dtype).requires_grad_()
-                     for _ in range(num_entries)]
-    for i, (k, v) in enumerate(zip(key_entries, value_entries)):
-        write_entry(keys, values, i, k, v)
+    key_entries, value_entries = [], []
+    for i in range(num_entries):
+        k = torch.randn(batch, tokens, key_width, generator=g, dtype=dtype).requires_grad_()
+        v = torch.randn(batch, tokens, dim, generator=g, dtype=dtype).requires_grad_()
+        k, v = write_entry(keys, values, i, k, v)
+        key_entries.append(k)
+        value_entries.append(v)
     return keys, values, key_entries, value_entries
 
 
@@ -42,7 +43,7 @@ def explicit_read(query, key_entries, value_entries):
 def test_zero_query_reads_the_uniform_average_of_the_entries():
     keys, values, key_entries, value_entries = memory(dtype=torch.float32)
     read = DepthAttention(12, 8, num_heads=2, norm=False)
-    out = read(keys, values, key_entries, value_entries)
+    out = read(keys, key_entries, value_entries)
     torch.testing.assert_close(out, torch.stack(value_entries).mean(0), rtol=0, atol=1e-6)
 
 
@@ -51,7 +52,7 @@ def test_zero_query_reads_the_layer_normed_average_with_the_default_norm():
     read = DepthAttention(12, 8, num_heads=2)
     mean = torch.stack(value_entries).mean(0)
     expected = torch.nn.functional.layer_norm(mean, (12,), eps=1e-6)
-    torch.testing.assert_close(read(keys, values, key_entries, value_entries), expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(read(keys, key_entries, value_entries), expected, rtol=0, atol=1e-6)
     assert not any(p.shape == (12,) for p in read.parameters())  # LayerNorm without affine
 
 
@@ -60,28 +61,42 @@ def test_read_matches_the_equation_with_heads_splitting_keys_and_values(grad):
     keys, values, key_entries, value_entries = memory()
     query = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.set_grad_enabled(grad):
-        out = depth_attend(query, keys, values, key_entries, value_entries)
+        out = depth_attend(query, keys, key_entries, value_entries)
     torch.testing.assert_close(out, explicit_read(query, key_entries, value_entries))
 
 
 def test_read_sees_only_the_entries_written_so_far():
     keys, values, key_entries, value_entries = memory(num_entries=3, capacity=7)  # the rest of the buffers is NaN
     query = torch.randn(2, 4, dtype=torch.float64)
-    assert torch.isfinite(depth_attend(query, keys, values, key_entries, value_entries)).all()
+    assert torch.isfinite(depth_attend(query, keys, key_entries, value_entries)).all()
 
 
+@pytest.mark.parametrize('grad', [True, False])
+def test_read_of_scattered_slots_matches_the_equation(grad):
+    """Block-memory reads see summaries at scattered slots of the buffers, not a prefix."""
+    keys, values, key_entries, value_entries = memory()
+    key_entries, value_entries = key_entries[::2], value_entries[::2]
+    query = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.set_grad_enabled(grad):
+        out = depth_attend(query, keys, key_entries, value_entries)
+    torch.testing.assert_close(out, explicit_read(query, key_entries, value_entries))
+
+
+@pytest.mark.parametrize('scattered', [False, True])
 @pytest.mark.parametrize('norm_eps', [0., 1e-6])
 @pytest.mark.parametrize('keep', [False, True])
-def test_backward_matches_plain_autograd_on_stacked_entries(keep, norm_eps):
-    keys, values, key_entries, value_entries = memory()
+def test_backward_matches_plain_autograd_on_stacked_entries(keep, norm_eps, scattered):
+    keys, values, key_entries, value_entries = memory(num_entries=9 if scattered else 5, capacity=9)
+    if scattered:
+        key_entries, value_entries = key_entries[::2], value_entries[::2]
     query = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     mask = (torch.rand(5, 2, 3, 2, dtype=torch.float64) > .3) / .7 if keep else None
     grad_out = torch.randn(2, 3, 12, dtype=torch.float64)
 
     inputs = [query, *key_entries, *value_entries]
-    out = depth_attend(query, keys, values, key_entries, value_entries, mask, norm_eps)
+    out = depth_attend(query, keys, key_entries, value_entries, mask, norm_eps)
     fast = torch.autograd.grad(out, inputs, grad_out)
-    plain_out = _attend(query, torch.stack(key_entries), torch.stack(value_entries), mask, norm_eps)
+    plain_out = _attend(query, torch.stack(key_entries), value_entries, mask, norm_eps)
     torch.testing.assert_close(out, plain_out)
     plain = torch.autograd.grad(plain_out, inputs, grad_out)
     for f, p in zip(fast, plain):
@@ -96,7 +111,7 @@ def test_gradcheck(norm_eps):
     def read(q, *entries):  # writes, then reads: gradcheck perturbs the entries
         for i in range(3):
             write_entry(keys, values, i, entries[i], entries[3 + i])
-        return depth_attend(q, keys, values, list(entries[:3]), list(entries[3:]), norm_eps=norm_eps)
+        return depth_attend(q, keys, list(entries[:3]), list(entries[3:]), norm_eps=norm_eps)
 
     assert torch.autograd.gradcheck(read, (query, *key_entries, *value_entries))
 
@@ -104,7 +119,7 @@ def test_gradcheck(norm_eps):
 def test_backward_survives_later_writes_to_the_buffers():
     keys, values, key_entries, value_entries = memory(num_entries=3, capacity=5)
     query = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
-    out = depth_attend(query, keys, values, key_entries, value_entries)
+    out = depth_attend(query, keys, key_entries, value_entries)
     expected = torch.autograd.grad(out.sum(), query, retain_graph=True)[0]
     write_entry(keys, values, 3, torch.randn(2, 3, 8), torch.randn(2, 3, 12))  # a later block writes
     torch.testing.assert_close(torch.autograd.grad(out.sum(), query)[0], expected)
@@ -116,7 +131,7 @@ def test_no_activation_memory_beyond_the_weights():
     query = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-        depth_attend(query, keys, values, key_entries, value_entries)
+        depth_attend(query, keys, key_entries, value_entries)
     assert sum(saved) == 6 * 4 * 16 * 2 + query.numel()
 
 
@@ -128,9 +143,9 @@ def test_broadcast_entries_get_summed_gradients():
     value_entries = value_entries + [shared.expand(2, -1, -1)]
     key_entries = key_entries + [keys[2].clone()]
     query = torch.randn(2, 4, dtype=torch.float64)
-    out = depth_attend(query, keys, values, key_entries, value_entries)
+    out = depth_attend(query, keys, key_entries, value_entries)
     grad = torch.autograd.grad(out.sum(), shared)[0]
-    plain = torch.autograd.grad(_attend(query, torch.stack(key_entries), torch.stack(value_entries), None, 0.).sum(),
+    plain = torch.autograd.grad(_attend(query, torch.stack(key_entries), value_entries, None, 0.).sum(),
                                 shared)[0]
     torch.testing.assert_close(grad, plain)
 
@@ -156,7 +171,7 @@ def test_gaussian_kernel_reads_softmax_of_negative_squared_distances():
     weights = (-gamma * (k - read.query).pow(2).sum(-1)).softmax(0)  # (L, B, N, H)
     v = torch.stack(value_entries).unflatten(-1, (heads, -1))
     expected = (weights.unsqueeze(-1) * v).sum(0).flatten(-2)
-    torch.testing.assert_close(read(keys, values, key_entries, value_entries), expected)
+    torch.testing.assert_close(read(keys, key_entries, value_entries), expected)
 
 
 def test_key_norm_gives_unit_keys_per_head():
@@ -172,7 +187,7 @@ def test_gaussian_reads_with_unit_keys_start_uniform():
     for i, (k, v) in enumerate(zip(key_entries, value_entries)):
         write_entry(keys, values, i, k, v)
     read = DepthAttention(12, 8, 2, kernel='gaussian', norm=False)
-    out = read(keys, values, key_entries, value_entries)
+    out = read(keys, key_entries, value_entries)
     torch.testing.assert_close(out, torch.stack(value_entries).mean(0), rtol=0, atol=1e-6)
 
 
@@ -180,11 +195,11 @@ def test_path_dropout_drops_weights_in_training_only():
     keys, values, key_entries, value_entries = memory(dtype=torch.float32)
     read = DepthAttention(12, 8, 2, norm=False, path_drop=.5)
     torch.manual_seed(0)
-    train_out = read(keys, values, key_entries, value_entries)
+    train_out = read(keys, key_entries, value_entries)
     mean = torch.stack(value_entries).mean(0)
     assert not torch.allclose(train_out, mean)
     read.eval()
-    torch.testing.assert_close(read(keys, values, key_entries, value_entries), mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(read(keys, key_entries, value_entries), mean, rtol=0, atol=1e-6)
 
 
 def test_normalized_entropy_is_one_for_uniform_and_zero_for_one_hot():

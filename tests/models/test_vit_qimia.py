@@ -22,6 +22,7 @@ OPTIONS = {
     'gaussian_depth_attention': dict(depth_kernel='gaussian'),
     'path_dropout': dict(drop_path_rate=.2),
     'null_entry': dict(null_entry=True),
+    'block_memory': dict(memory_block_size=3),
     'avg_pool': dict(global_pool='avg', class_token=False),
 }
 
@@ -134,6 +135,58 @@ def test_stats_follow_trained_queries():
     torch.testing.assert_close(stats['matrix'].nansum(1), torch.ones(5))
 
 
+# --- block memory ---------------------------------------------------------------------------------------------------
+
+def test_block_memory_reads_the_stem_the_finished_summaries_and_the_current_one():
+    """memory_block_size 3: blocks 0-2 and 3-5 form two summaries (values summed, keys averaged); every read,
+    with trained queries, is Eq. 1-2 over the stem's entries, the finished summaries and the current summary."""
+    model = small(depth=3, memory_block_size=3).eval()
+    randomize_queries(model)
+    stem, written, reads = [], [], []  # (key, value) pairs; reads: (block, its input)
+    model.patch_key.register_forward_hook(lambda m, i, o: stem.append([o]))
+    model.patch_value_norm.register_forward_hook(lambda m, i, o: stem[-1].append(o))
+    model.pos_key.register_forward_hook(lambda m, i, o: stem.append([o.expand(2, -1, -1)]))
+    model.pos_value_norm.register_forward_hook(lambda m, i, o: stem[-1].append(o.expand(2, -1, -1)))
+    blocks = [block for layer in model.blocks for block in (layer.attn, layer.mlp)]
+    for block in blocks:
+        block.body.register_forward_pre_hook(lambda m, i, block=block: reads.append((block, i[0])))
+        block.key.register_forward_hook(lambda m, i, o: written.append([o]))
+        block.value.register_forward_hook(lambda m, i, o: written[-1].append(o))
+    with torch.no_grad():
+        model(images())
+
+    def summary(members):
+        return torch.stack([k for k, _ in members]).mean(0), torch.stack([v for _, v in members]).sum(0)
+
+    def read(block, entries):
+        q = block.read.query  # (H, dk)
+        keys = torch.stack([k for k, _ in entries]).unflatten(-1, (q.shape[0], -1))  # (L, B, N, H, dk)
+        weights = (keys * q).sum(-1).softmax(0).unsqueeze(-1)
+        values = torch.stack([v for _, v in entries]).unflatten(-1, (q.shape[0], -1))
+        return F.layer_norm((weights * values).sum(0).flatten(-2), (192,), eps=1e-6)
+
+    assert len(reads) == 6
+    for b, (block, block_input) in enumerate(reads):
+        first = b - b % 3  # the current memory block starts here
+        finished = [summary(written[g:g + 3]) for g in range(0, first, 3)]
+        current = [summary(written[first:b])] if b > first else []
+        torch.testing.assert_close(block_input, read(block, stem + finished + current), rtol=0, atol=1e-5)
+
+
+def test_block_memory_stats_show_which_summaries_each_read_sees():
+    model = small(depth=2, memory_block_size=2)
+    stats = model.depth_attention_stats(images())
+    seen = stats['matrix'].isfinite()
+    #                          patch  pos    0.attn 0.mlp  1.attn 1.mlp
+    assert seen.tolist() == [[True, True, False, False, False, False],  # 0.attn
+                             [True, True, True, False, False, False],   # 0.mlp: the summary of block 0 so far
+                             [True, True, False, True, False, False],   # 1.attn: the finished summary
+                             [True, True, False, True, True, False],    # 1.mlp
+                             [True, True, False, True, False, True]]    # out
+    torch.testing.assert_close(stats['matrix'].nansum(1), torch.ones(5))
+    torch.testing.assert_close(stats['entropy'], torch.ones(5))
+
+
 # --- memory ---------------------------------------------------------------------------------------------------------
 
 def test_memory_is_written_in_place_not_concatenated():
@@ -166,8 +219,8 @@ def test_fast_reads_match_plain_autograd_on_stacked_entries(monkeypatch):
     fast = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
-    def stacked(query, keys, values, key_entries, value_entries, keep=None, norm_eps=0.):
-        return depth_attention._attend(query, torch.stack(key_entries), torch.stack(value_entries), keep, norm_eps)
+    def stacked(query, keys, key_entries, value_entries, keep=None, norm_eps=0.):
+        return depth_attention._attend(query, torch.stack(key_entries), value_entries, keep, norm_eps)
 
     monkeypatch.setattr(depth_attention, 'depth_attend', stacked)
     model(x).sum().backward()
@@ -175,7 +228,7 @@ def test_fast_reads_match_plain_autograd_on_stacked_entries(monkeypatch):
         torch.testing.assert_close(fast[name], p.grad, msg=name)
 
 
-@pytest.mark.parametrize('option', ['default', 'path_dropout', 'gaussian_depth_attention'])
+@pytest.mark.parametrize('option', ['default', 'path_dropout', 'gaussian_depth_attention', 'block_memory'])
 def test_grad_checkpointing_gives_identical_outputs_and_gradients(option):
     model = small(**dict(OPTIONS[option], depth=3))
     randomize_queries(model)
@@ -273,6 +326,7 @@ def test_gaussian_depth_attention_uses_the_hyperbf_kernel():
     (dict(value_norm='rmsnorm'), "Unknown value_norm 'rmsnorm'"),
     (dict(depth_kernel='cosine'), "Unknown depth-attention kernel 'cosine'"),
     (dict(depth_num_heads=5), 'depth_num_heads among their common divisors'),
+    (dict(memory_block_size=0), 'memory_block_size must be at least 1'),
 ])
 def test_bad_arguments_name_the_problem(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -10,10 +10,11 @@ at init every read is the uniform average of the entries it sees.
 
 The memory is two preallocated buffers, ``keys (L, B, N, key_width)`` and ``values (L, B, N, dim)``, filled in
 place one entry at a time (:func:`write_entry`), which then hold the only copy of every entry: nothing is
-concatenated as the network gets deeper. A read (:func:`depth_attend`) looks at the filled prefix of the buffers;
-its hand-written backward pass saves only the attention weights ``(L, B, N, H)`` and sends gradients to the
-entries, so a read costs no activation memory beyond its output. Scripted models are for inference: their writes
-and reads use plain in-place copies and slices, without the gradient routing.
+concatenated as the network gets deeper. A read (:func:`depth_attend`) of a full memory looks at the filled prefix
+of the buffers in place (a block-memory read, of a few summaries, stacks their keys); its hand-written backward pass
+saves only the attention weights ``(L, B, N, H)`` and sends gradients to the entries, so a read costs no activation
+memory beyond its output. Scripted models are for inference: their writes and reads use plain in-place copies,
+without the gradient routing.
 """
 import math
 from typing import List, Optional, Tuple
@@ -52,17 +53,31 @@ def _depth_weights(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return logits.view(L, B, N, -1).to(_accumulation_dtype(keys)).softmax(0)
 
 
-def _mix(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``sum_i w_{i,h} v_{i,h}``: ``(L, B, N, H), (L, B, N, D) -> (B, N, D)``, accumulated entry by entry (no
-    ``(L, B, N, D)`` temporary)."""
-    L, B, N, D = values.shape
-    H = weights.shape[-1]
-    weights = weights.to(values.dtype).unsqueeze(-1)
-    out = weights[0] * values[0].view(B, N, H, -1)
+def _stacked_keys(keys: torch.Tensor, key_entries: List[torch.Tensor]) -> torch.Tensor:
+    """The entries' keys as one ``(L, B, N, Kw)`` tensor: a view of the buffer ``keys`` when they are its first
+    ``L`` slots (as in a full memory), else a stack (block-memory reads, or entries that are not slots)."""
+    if not torch.jit.is_scripting():  # scripted models (inference) always stack
+        if _are_first_slots(keys, key_entries):
+            return keys[:len(key_entries)]
+    return torch.stack([e.expand(keys.shape[1:]).to(keys.dtype) for e in key_entries])
+
+
+def _are_first_slots(buffer: torch.Tensor, entries: List[torch.Tensor]) -> bool:
+    step = buffer.stride(0) * buffer.element_size()
+    return all(e.data_ptr() == buffer.data_ptr() + i * step and e.shape == buffer.shape[1:]
+               for i, e in enumerate(entries))
+
+
+def _mix(weights: torch.Tensor, value_entries: List[torch.Tensor]) -> torch.Tensor:
+    """``sum_i w_{i,h} v_{i,h}``: ``(L, B, N, H)`` and ``L`` values ``(B, N, D)`` (or broadcast to it) ``-> (B, N,
+    D)``, accumulated entry by entry (no ``(L, B, N, D)`` temporary)."""
+    L, B, N, H = weights.shape
+    weights = weights.to(value_entries[0].dtype).unsqueeze(-1)
+    out = weights[0] * value_entries[0].unflatten(-1, (H, -1))
     for i in range(1, L):
-        out = out.addcmul(weights[i], values[i].view(B, N, H, -1)) if torch.is_grad_enabled() \
-            else out.addcmul_(weights[i], values[i].view(B, N, H, -1))
-    return out.view(B, N, D)
+        value = value_entries[i].unflatten(-1, (H, -1))
+        out = out.addcmul(weights[i], value) if torch.is_grad_enabled() else out.addcmul_(weights[i], value)
+    return out.flatten(-2)
 
 
 def _layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,37 +88,37 @@ def _layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 def _attend(
         query: torch.Tensor,
         keys: torch.Tensor,
-        values: torch.Tensor,
+        value_entries: List[torch.Tensor],
         keep: Optional[torch.Tensor],
         norm_eps: float,
 ) -> torch.Tensor:
     weights = _depth_weights(query, keys)
     if keep is not None:
         weights = weights * keep
-    out = _mix(weights, values)
+    out = _mix(weights, value_entries)
     return _layer_norm(out, norm_eps) if norm_eps > 0. else out
 
 
 class _DepthAttend(torch.autograd.Function):
-    """:func:`_attend` on the filled prefix of the memory buffers. The buffers are not autograd inputs (later
-    blocks keep writing into them, after this prefix); the written entries are, and receive the gradients. The norm's
-    backward pass works from its output (which the next layer keeps anyway) and ``1 / std``, so the read keeps no
-    copy of the mix before the norm."""
+    """:func:`_attend` over memory entries. The key buffer is not an autograd input (later blocks keep writing into
+    it, after the entries read here); the entries are, and receive the gradients. The norm's backward pass works
+    from its output (which the next layer keeps anyway) and ``1 / std``, so the read keeps no copy of the mix before
+    the norm."""
 
     @staticmethod
-    def forward(ctx, query, keys, values, keep, norm_eps, *entries):
+    def forward(ctx, query, keys, keep, norm_eps, *entries):
         num = len(entries) // 2
-        keys, values = keys[:num], values[:num]
-        weights = _depth_weights(query, keys)
-        out = _mix(weights * keep if keep is not None else weights, values)
+        key_entries, value_entries = entries[:num], entries[num:]
+        weights = _depth_weights(query, _stacked_keys(keys, key_entries))
+        out = _mix(weights * keep if keep is not None else weights, value_entries)
         normed = norm_eps > 0.
-        if normed:
-            var = torch.var_mean(out.to(_accumulation_dtype(out)), -1, correction=0, keepdim=True)[0]
-            rstd = (var + norm_eps).rsqrt()
+        if normed:  # 1 / std in two passes over a cache-sized tensor (torch.var_mean is several times slower here)
+            wide = out.to(_accumulation_dtype(out))
+            centered = wide - wide.mean(-1, keepdim=True)
+            rstd = (centered.square().mean(-1, keepdim=True) + norm_eps).rsqrt()
             out = _layer_norm(out, norm_eps)
-        ctx.keys, ctx.values, ctx.has_keep, ctx.normed = keys, values, keep is not None, normed
+        ctx.keys, ctx.entries, ctx.has_keep, ctx.normed = keys, entries, keep is not None, normed
         ctx.save_for_backward(weights, query, *([keep] if keep is not None else []), *([out, rstd] if normed else []))
-        ctx.entry_meta = [(e.shape, e.dtype) for e in entries]
         return out
 
     @staticmethod
@@ -116,13 +131,14 @@ class _DepthAttend(torch.autograd.Function):
             normed_out, grad = normed_out.to(rstd.dtype), grad.to(rstd.dtype)
             grad = rstd * (grad - grad.mean(-1, keepdim=True) - normed_out * (grad * normed_out).mean(-1, keepdim=True))
         L, B, N, H = weights.shape
-        keys, values = ctx.keys, ctx.values.view(L, B, N, H, -1)
+        key_entries, value_entries = ctx.entries[:L], ctx.entries[L:]
+        keys = _stacked_keys(ctx.keys, list(key_entries))
         grad = grad.view(B, N, H, -1)
         used = (weights * keep if keep is not None else weights).to(grad.dtype).unsqueeze(-1)
-        grad_values = [(used[i] * grad).view(B, N, -1) for i in range(L)]
+        grad_values = [(used[i] * grad).flatten(-2) for i in range(L)]
         grad_used = weights.new_empty(weights.shape)
         for i in range(L):
-            grad_used[i] = (values[i] * grad).sum(-1, dtype=weights.dtype)
+            grad_used[i] = (value_entries[i].unflatten(-1, (H, -1)) * grad).sum(-1, dtype=weights.dtype)
         grad_weights = grad_used * keep if keep is not None else grad_used
         grad_logits = weights * (grad_weights - (weights * grad_weights).sum(0, keepdim=True))  # softmax backward
         grad_logits = grad_logits.to(keys.dtype).view(L, B * N, H)
@@ -131,26 +147,25 @@ class _DepthAttend(torch.autograd.Function):
         grad_query = grad_query.view(H, H, -1).diagonal(dim1=0, dim2=1).t().to(query.dtype)
         query_blocks = _block_diagonal(query.to(keys.dtype))
         grad_keys = [grad_logits[i].mm(query_blocks).view(B, N, -1) for i in range(L)]
-        grads = [g.sum_to_size(shape).to(dtype) for g, (shape, dtype) in zip(grad_keys + grad_values, ctx.entry_meta)]
-        return (grad_query, None, None, None, None, *grads)
+        grads = [g.sum_to_size(e.shape).to(e.dtype) for g, e in zip(grad_keys + grad_values, ctx.entries)]
+        return (grad_query, None, None, None, *grads)
 
 
 def depth_attend(
         query: torch.Tensor,
         keys: torch.Tensor,
-        values: torch.Tensor,
         key_entries: List[torch.Tensor],
         value_entries: List[torch.Tensor],
         keep: Optional[torch.Tensor] = None,
         norm_eps: float = 0.,
 ) -> torch.Tensor:
-    """Attention of ``query (H, Dk)`` over the ``len(key_entries)`` entries written so far (Eq. 1-2): ``(B, N, D)``.
-    ``keep`` (``(L, B, N, H)``, optional) scales the weights, e.g. a dropout mask; ``norm_eps > 0`` applies
-    LayerNorm without affine, with that epsilon (in float32 or wider, as under autocast)."""
+    """Attention of ``query (H, Dk)`` over the memory entries ``key_entries[i] (B, N, Kw)``, ``value_entries[i] (B,
+    N, D)`` (Eq. 1-2): ``(B, N, D)``. When the entries are the first slots of the key buffer ``keys`` (what
+    :func:`write_entry` returns), their keys are read in place. ``keep`` (``(L, B, N, H)``, optional) scales the
+    weights, e.g. a dropout mask; ``norm_eps > 0`` applies LayerNorm without affine, with that epsilon."""
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
-        num = len(key_entries)
-        return _attend(query, keys[:num], values[:num], keep, norm_eps)
-    return _DepthAttend.apply(query, keys, values, keep, norm_eps, *key_entries, *value_entries)
+        return _attend(query, _stacked_keys(keys, key_entries), value_entries, keep, norm_eps)
+    return _DepthAttend.apply(query, keys, keep, norm_eps, *key_entries, *value_entries)
 
 
 class _WriteEntry(torch.autograd.Function):
@@ -273,14 +288,13 @@ class DepthAttention(nn.Module):
             return self.query
         return self.kernel.distance_query(self.query)
 
-    def weights(self, keys: torch.Tensor, num_entries: int) -> torch.Tensor:
-        """Attention weights ``(num_entries, B, N, H)`` over the first entries of the key buffer."""
-        return _depth_weights(self.operand(), keys[:num_entries])
+    def weights(self, keys: torch.Tensor, key_entries: List[torch.Tensor]) -> torch.Tensor:
+        """Attention weights ``(len(key_entries), B, N, H)`` over the entries (see :func:`depth_attend`)."""
+        return _depth_weights(self.operand(), _stacked_keys(keys, key_entries))
 
     def forward(
             self,
             keys: torch.Tensor,
-            values: torch.Tensor,
             key_entries: List[torch.Tensor],
             value_entries: List[torch.Tensor],
     ) -> torch.Tensor:
@@ -288,7 +302,7 @@ class DepthAttention(nn.Module):
         if self.training and self.path_drop > 0.:
             shape: Tuple[int, int, int, int] = (len(key_entries), keys.shape[1], keys.shape[2], self.num_heads)
             keep = torch.empty(shape, device=keys.device).bernoulli_(1. - self.path_drop) / (1. - self.path_drop)
-        return depth_attend(self.operand(), keys, values, key_entries, value_entries, keep, self.norm_eps)
+        return depth_attend(self.operand(), keys, key_entries, value_entries, keep, self.norm_eps)
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, norm_eps={self.norm_eps}, path_drop={self.path_drop}'

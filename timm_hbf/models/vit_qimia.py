@@ -13,7 +13,9 @@ of its own:
 A layer of ``depth`` is one attention block and one feed-forward block, as in a ViT, so ``depth`` 12 writes 24
 entries. Queries start at zero: every read starts as the uniform average of the entries it sees. Report options:
 ``key_dim``, ``depth_num_heads``, ``key_norm``, ``value_norm='batchnorm'``, ``depth_kernel='gaussian'`` (L2
-attention through the HyperBF kernel), path dropout (``drop_path_rate``), and a learned null entry.
+attention through the HyperBF kernel), path dropout (``drop_path_rate``), and a learned null entry. Beyond the
+report: a block-memory mode (``memory_block_size``) that merges consecutive blocks' entries into summaries, so that
+reads attend over a few summaries instead of every entry.
 """
 import math
 from functools import partial
@@ -51,6 +53,11 @@ class QimiaBlock(nn.Module):
         key_norm: Unit-L2 keys (per head).
         value_norm: ``'layernorm'`` on every read, or ``'batchnorm'`` on every written value instead.
         path_drop: Dropout on this block's depth-attention weights.
+        slot: The memory slot this block writes.
+        summary_position: Block-memory mode: this block's place in its memory block. Past the first, the block
+            merges its entry into the memory block's summary (the previous entry) instead of adding one: values
+            summed (a residual stream within the memory block), keys averaged (a summary's logit is the mean of its
+            members' logits, for either kernel).
     """
 
     def __init__(
@@ -64,11 +71,15 @@ class QimiaBlock(nn.Module):
             key_norm: bool = False,
             value_norm: str = 'layernorm',
             path_drop: float = 0.,
+            slot: int = 0,
+            summary_position: int = 0,
             device=None,
             dtype=None,
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
+        self.slot = slot
+        self.summary_position = summary_position
         self.read = DepthAttention(
             dim, key_dim, depth_num_heads, kernel=depth_kernel, norm=value_norm == 'layernorm', path_drop=path_drop,
             **dd,
@@ -90,14 +101,21 @@ class QimiaBlock(nn.Module):
             key_entries: List[torch.Tensor],
             value_entries: List[torch.Tensor],
     ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        """Returns the entry lists with this block's entry appended (the lists passed in are left as they are)."""
-        h = self.body(self.read(keys, values, key_entries, value_entries))
-        key, value = write_entry(keys, values, len(key_entries), self.key(h), self.value(h))
+        """Returns the entries that the next read sees: these with this block's entry appended, or merged into the
+        last (block-memory mode). The lists passed in are left as they are."""
+        h = self.body(self.read(keys, key_entries, value_entries))
+        key, value = self.key(h), self.value(h)
+        if self.summary_position > 0:
+            key = torch.lerp(key_entries[-1].to(key.dtype), key, 1. / (self.summary_position + 1))
+            value = value_entries[-1] + value
+            key_entries, value_entries = key_entries[:-1], value_entries[:-1]
+        key, value = write_entry(keys, values, self.slot, key, value)
         return key_entries + [key], value_entries + [value]
 
 
 class QimiaLayer(nn.Module):
-    """One attention block and one feed-forward block, the QIMIA counterpart of a ViT block."""
+    """One attention block and one feed-forward block, the QIMIA counterpart of a ViT block. ``slots``: the memory
+    slots the two blocks write; ``summary_positions``: their places in their memory blocks (see :class:`QimiaBlock`)."""
 
     def __init__(
             self,
@@ -113,6 +131,8 @@ class QimiaLayer(nn.Module):
             proj_drop: float = 0.,
             attn_drop: float = 0.,
             path_drop: float = 0.,
+            slots: Tuple[int, int] = (0, 1),
+            summary_positions: Tuple[int, int] = (0, 0),
             device=None,
             dtype=None,
     ) -> None:
@@ -124,8 +144,11 @@ class QimiaLayer(nn.Module):
             value_norm=value_norm, path_drop=path_drop, **dd,
         )
         attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **dd)
-        self.attn = QimiaBlock(attn, dim, **memory_args)
-        self.mlp = QimiaBlock(nn.Sequential(nn.Linear(dim, hidden, **dd), nn.Dropout(proj_drop)), hidden, **memory_args)
+        self.attn = QimiaBlock(attn, dim, slot=slots[0], summary_position=summary_positions[0], **memory_args)
+        self.mlp = QimiaBlock(
+            nn.Sequential(nn.Linear(dim, hidden, **dd), nn.Dropout(proj_drop)), hidden,
+            slot=slots[1], summary_position=summary_positions[1], **memory_args,
+        )
 
     def forward(
             self,
@@ -160,6 +183,10 @@ class VisionTransformerQimia(TokenViT):
         value_norm: ``'layernorm'`` (LayerNorm without affine on every read, the default) or ``'batchnorm'``
             (BatchNorm on every written value and no LayerNorm on reads).
         null_entry: A learned (key, value) entry that every read can attend to, to read (almost) nothing.
+        memory_block_size: Block-memory mode, in the spirit of Block Attention Residuals: the entries of every
+            ``memory_block_size`` consecutive blocks (attention and feed-forward blocks count separately) are merged
+            into one summary, values summed and keys averaged, so that reads attend over the stem's entries, the
+            finished summaries and the current one. 1 (the default) keeps every entry: QIMIA as in the report.
         class_token: Prepend a class token.
         dynamic_img_size: Accept any input size, resampling the position embedding on the fly.
         dynamic_img_pad: Pad inputs whose size is not a multiple of the patch size.
@@ -190,6 +217,7 @@ class VisionTransformerQimia(TokenViT):
             key_norm: bool = False,
             value_norm: str = 'layernorm',
             null_entry: bool = False,
+            memory_block_size: int = 1,
             class_token: bool = True,
             dynamic_img_size: bool = False,
             dynamic_img_pad: bool = False,
@@ -205,6 +233,9 @@ class VisionTransformerQimia(TokenViT):
         super().__init__()
         if value_norm not in VALUE_NORMS:
             raise ValueError(f"Unknown value_norm '{value_norm}': use one of {VALUE_NORMS}.")
+        if memory_block_size < 1:
+            raise ValueError(
+                f'memory_block_size must be at least 1 (1 keeps every entry), got {memory_block_size}.')
         dd = {'device': device, 'dtype': dtype}
         depth_num_heads = depth_num_heads or max(key_dim // 8, 1)
         self._init_stem(
@@ -235,6 +266,8 @@ class VisionTransformerQimia(TokenViT):
                 proj_drop=proj_drop_rate,
                 attn_drop=attn_drop_rate,
                 path_drop=path_drop[i],
+                slots=(self.num_stem_entries + 2 * i, self.num_stem_entries + 2 * i + 1),
+                summary_positions=((2 * i) % memory_block_size, (2 * i + 1) % memory_block_size),
                 **memory_args,
                 **dd,
             )
@@ -301,7 +334,8 @@ class VisionTransformerQimia(TokenViT):
 
     def _forward_taken(self, x: torch.Tensor, taken: List[int], last: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         """Layers ``0..last``, then the output read: its result before the final norm, and the values that the
-        feed-forward blocks of the ``taken`` layers wrote (a layer's output: there is no residual stream)."""
+        feed-forward blocks of the ``taken`` layers wrote (a layer's output: there is no residual stream; in
+        block-memory mode, the summary it was merged into)."""
         keys, values, key_entries, value_entries = self.init_memory(x)
         intermediates: List[torch.Tensor] = []
         for i, layer in enumerate(self.blocks):
@@ -315,7 +349,7 @@ class VisionTransformerQimia(TokenViT):
                     key_entries, value_entries = layer(keys, values, key_entries, value_entries)
                 if i in taken:
                     intermediates.append(value_entries[-1])
-        return self.read_out(keys, values, key_entries, value_entries), intermediates
+        return self.read_out(keys, key_entries, value_entries), intermediates
 
     # --- diagnostics ------------------------------------------------------------------------------------------------
 
@@ -332,7 +366,8 @@ class VisionTransformerQimia(TokenViT):
         """Depth-attention diagnostics for a batch, in eval mode and without gradients (the model's mode is kept):
 
         * ``matrix``: ``(reads, entries)`` mean attention weight of each read (rows: every block, then the output
-          read) on each entry (columns, :meth:`memory_entry_names`); NaN where an entry is not yet written;
+          read) on each entry (columns, :meth:`memory_entry_names`); NaN where the read does not see the entry
+          (not yet written, or in block-memory mode merged into a later summary, named by its last block);
         * ``entropy``: ``(reads,)`` the report's entropy metric, the mean normalised entropy of the weights
           (1: uniform over the entries, as a residual stream; 0: one entry);
         * ``query_norm``: ``(reads,)`` the norm of each read's query;
@@ -343,19 +378,23 @@ class VisionTransformerQimia(TokenViT):
         try:
             with torch.no_grad():
                 keys, values, key_entries, value_entries = self.init_memory(x)
-                reads, weights = [], []
+                reads, weights, seen = [], [], []
+                visible = list(range(self.num_stem_entries))  # slots of the entries the next read sees
                 for i, layer in enumerate(self.blocks):
                     for part, block in (('attn', layer.attn), ('mlp', layer.mlp)):
                         reads.append((f'{i}.{part}', block.read))
-                        weights.append(block.read.weights(keys, len(key_entries)))
+                        weights.append(block.read.weights(keys, key_entries))
+                        seen.append(list(visible))
                         key_entries, value_entries = block(keys, values, key_entries, value_entries)
+                        visible = visible[:-1] + [block.slot] if block.summary_position else visible + [block.slot]
                 reads.append(('out', self.read_out))
-                weights.append(self.read_out.weights(keys, len(key_entries)))
+                weights.append(self.read_out.weights(keys, key_entries))
+                seen.append(visible)
         finally:
             self.train(was_training)
-        matrix = torch.full((len(weights), len(key_entries)), math.nan)
-        for row, w in enumerate(weights):
-            matrix[row, :w.shape[0]] = w.float().mean((1, 2, 3)).cpu()
+        matrix = torch.full((len(weights), self.num_memory_entries), math.nan)
+        for row, (w, slots) in enumerate(zip(weights, seen)):
+            matrix[row, slots] = w.float().mean((1, 2, 3)).cpu()
         return dict(
             matrix=matrix,
             entropy=torch.stack([normalized_entropy(w.float()).cpu() for w in weights]),
