@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from timm_hbf.layers import DepthAttention, DepthKey, depth_attend, normalized_entropy, write_entry
+from timm_hbf.layers import DepthAttention, DepthKey, depth_attend, memory_slots, normalized_entropy, write_entry
 from timm_hbf.layers.depth_attention import _attend
 
 
@@ -69,6 +69,12 @@ def test_read_sees_only_the_entries_written_so_far():
     keys, values, key_entries, value_entries = memory(num_entries=3, capacity=7)  # the rest of the buffers is NaN
     query = torch.randn(2, 4, dtype=torch.float64)
     assert torch.isfinite(depth_attend(query, keys, key_entries, value_entries)).all()
+
+
+def test_memory_slots_name_the_slot_of_each_written_entry():
+    keys, _, key_entries, _ = memory(num_entries=5, capacity=7)
+    assert memory_slots(keys, key_entries[::2]) == [0, 2, 4]
+    assert memory_slots(keys, [key_entries[1].clone(), keys[3, :1]]) == [-1, -1]  # a copy; not a whole slot
 
 
 @pytest.mark.parametrize('grad', [True, False])

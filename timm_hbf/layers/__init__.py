@@ -1,4 +1,12 @@
-from .depth_attention import DEPTH_KERNELS, DepthAttention, DepthKey, depth_attend, normalized_entropy, write_entry
+from .depth_attention import (
+    DEPTH_KERNELS,
+    DepthAttention,
+    DepthKey,
+    depth_attend,
+    memory_slots,
+    normalized_entropy,
+    write_entry,
+)
 from .hyperbf_attention import HyperBFAttention
 from .hyperbf_kernel import KERNELS, HyperBFKernel, pairwise_sq_dist
 from .hyperbf_mlp import HyperBFMlp
@@ -7,6 +15,6 @@ from .token_batchnorm import TokenBatchNorm
 
 __all__ = [
     'DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'HyperBFAttention', 'HyperBFKernel', 'HyperBFMlp', 'KERNELS',
-    'PReLULinear', 'TokenBatchNorm', 'depth_attend', 'normalized_entropy', 'pairwise_sq_dist', 'prelu_linear',
-    'write_entry',
+    'PReLULinear', 'TokenBatchNorm', 'depth_attend', 'memory_slots', 'normalized_entropy', 'pairwise_sq_dist',
+    'prelu_linear', 'write_entry',
 ]

@@ -27,7 +27,9 @@ from torch.jit import Final
 
 from .hyperbf_kernel import HyperBFKernel, distance_key
 
-__all__ = ['DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'depth_attend', 'normalized_entropy', 'write_entry']
+__all__ = [
+    'DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'depth_attend', 'memory_slots', 'normalized_entropy', 'write_entry',
+]
 
 DEPTH_KERNELS = ('dot', 'gaussian')
 
@@ -57,15 +59,21 @@ def _stacked_keys(keys: torch.Tensor, key_entries: List[torch.Tensor]) -> torch.
     """The entries' keys as one ``(L, B, N, Kw)`` tensor: a view of the buffer ``keys`` when they are its first
     ``L`` slots (as in a full memory), else a stack (block-memory reads, or entries that are not slots)."""
     if not torch.jit.is_scripting():  # scripted models (inference) always stack
-        if _are_first_slots(keys, key_entries):
+        if memory_slots(keys, key_entries) == list(range(len(key_entries))):
             return keys[:len(key_entries)]
     return torch.stack([e.expand(keys.shape[1:]).to(keys.dtype) for e in key_entries])
 
 
-def _are_first_slots(buffer: torch.Tensor, entries: List[torch.Tensor]) -> bool:
+def memory_slots(buffer: torch.Tensor, entries: List[torch.Tensor]) -> List[int]:
+    """The slot of ``buffer`` that each entry is (the tensors :func:`write_entry` returns), -1 for any other
+    tensor."""
     step = buffer.stride(0) * buffer.element_size()
-    return all(e.data_ptr() == buffer.data_ptr() + i * step and e.shape == buffer.shape[1:]
-               for i, e in enumerate(entries))
+    slots = []
+    for e in entries:
+        offset = e.data_ptr() - buffer.data_ptr()
+        in_buffer = e.shape == buffer.shape[1:] and offset % step == 0 and 0 <= offset < buffer.shape[0] * step
+        slots.append(offset // step if in_buffer else -1)
+    return slots
 
 
 def _mix(weights: torch.Tensor, value_entries: List[torch.Tensor]) -> torch.Tensor:
@@ -132,7 +140,7 @@ class _DepthAttend(torch.autograd.Function):
             grad = rstd * (grad - grad.mean(-1, keepdim=True) - normed_out * (grad * normed_out).mean(-1, keepdim=True))
         L, B, N, H = weights.shape
         key_entries, value_entries = ctx.entries[:L], ctx.entries[L:]
-        keys = _stacked_keys(ctx.keys, list(key_entries))
+        keys = _stacked_keys(ctx.keys, key_entries)
         grad = grad.view(B, N, H, -1)
         used = (weights * keep if keep is not None else weights).to(grad.dtype).unsqueeze(-1)
         grad_values = [(used[i] * grad).flatten(-2) for i in range(L)]

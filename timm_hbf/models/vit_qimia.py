@@ -28,7 +28,15 @@ from timm.layers import Attention, resample_abs_pos_embed, trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs, register_model
 from torch import nn
 
-from ..layers import DepthAttention, DepthKey, PReLULinear, TokenBatchNorm, normalized_entropy, write_entry
+from ..layers import (
+    DepthAttention,
+    DepthKey,
+    PReLULinear,
+    TokenBatchNorm,
+    memory_slots,
+    normalized_entropy,
+    write_entry,
+)
 from ._token_vit import CIFAR10_MEAN, CIFAR10_STD, TokenViT, checkpoint_filter_fn
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia']
@@ -378,18 +386,16 @@ class VisionTransformerQimia(TokenViT):
         try:
             with torch.no_grad():
                 keys, values, key_entries, value_entries = self.init_memory(x)
-                reads, weights, seen = [], [], []
-                visible = list(range(self.num_stem_entries))  # slots of the entries the next read sees
+                reads, weights, seen = [], [], []  # seen: the slots of the entries each read attends over
                 for i, layer in enumerate(self.blocks):
                     for part, block in (('attn', layer.attn), ('mlp', layer.mlp)):
                         reads.append((f'{i}.{part}', block.read))
                         weights.append(block.read.weights(keys, key_entries))
-                        seen.append(list(visible))
+                        seen.append(memory_slots(keys, key_entries))
                         key_entries, value_entries = block(keys, values, key_entries, value_entries)
-                        visible = visible[:-1] + [block.slot] if block.summary_position else visible + [block.slot]
                 reads.append(('out', self.read_out))
                 weights.append(self.read_out.weights(keys, key_entries))
-                seen.append(visible)
+                seen.append(memory_slots(keys, key_entries))
         finally:
             self.train(was_training)
         matrix = torch.full((len(weights), self.num_memory_entries), math.nan)
