@@ -4,7 +4,11 @@ side by side in one run.
 Every model is compared with a timm ``VisionTransformer`` built with the same width, depth, heads, MLP width, qkv
 bias, image size, patch size and classes; ``--mixer`` adds a timm ``MlpMixer`` with the same width, depth, channel-MLP
 width, patch, image size and classes. Throughput is measured in one process with all models interleaved round by
-round (so drifts in machine load hit them alike), and reported as the median over rounds. Peak memory is measured for
+round (so drifts in machine load hit them alike), and reported as the median over rounds; a throughput ratio is the
+median over rounds of the ratio within a round, with its range over rounds. In every round each model's timed steps
+follow one untimed step of its own: on the CPU, the first step after another model's steps runs slower (the
+allocator's free memory and the caches hold that model's tensors), which would otherwise count against whichever
+model follows the most different one in the rotation. Peak memory is measured for
 each model in a fresh subprocess: on CUDA ``torch.cuda.max_memory_allocated``, on CPU (Linux) the peak resident set
 size minus the resident size just before the model was built (parameters, gradients, optimizer state and
 activations), with glibc's mmap threshold pinned at 128 KiB (``MALLOC_MMAP_THRESHOLD_``): every tensor of that size
@@ -139,6 +143,7 @@ def throughput(specs: dict, input_size: tuple, batch_size: int, train: bool, arg
     rounds = {name: [] for name in specs}
     for _ in range(args.rounds):
         for name, step in steps.items():
+            step()  # untimed: the allocator and caches return to this model's state after another model's steps
             sync(args.device)
             start = time.perf_counter()
             for _ in range(args.steps):
@@ -189,15 +194,24 @@ def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> float
     return (proc_status_kib('VmHWM') - rss_before) / 2 ** 10
 
 
+def paired_ratio(rounds: list, reference_rounds: list) -> dict:
+    """Median and range over rounds of each round's ratio to the reference's same round: a drift in machine load
+    between rounds cancels in every ratio, which it does not in a ratio of medians."""
+    ratios = [a / b for a, b in zip(rounds, reference_rounds)]
+    return dict(median=statistics.median(ratios), range=[min(ratios), max(ratios)])
+
+
 def markdown_table(results: list) -> str:
     """One line per case, mode and model; ratios are to the ViT of the same case and mode."""
-    lines = ['| model | input/patch | mode | batch | img/s | ratio to ViT | peak MiB | ratio to ViT |',
+    lines = ['| model | input/patch | mode | batch | img/s | ratio to ViT (range) | peak MiB | ratio to ViT |',
              '|---|---|---|---|---|---|---|---|']
     for r in results:
         for label, e in r['models'].items():
+            low, high = e['throughput_ratio_range']
             shown = f"`{label}`" if e['spec'].get('model_name') == r['model'] else label
             lines.append(f"| {shown} | {r['input']} | {r['mode']} | {r['batch_size']} | {e['images_per_s']:.1f} | "
-                         f"{e['throughput_ratio']:.2f} | {e['peak_mib']:.0f} | {e['memory_ratio']:.2f} |")
+                         f"{e['throughput_ratio']:.2f} ({low:.2f}-{high:.2f}) | {e['peak_mib']:.0f} | "
+                         f"{e['memory_ratio']:.2f} |")
     return '\n'.join(lines)
 
 
@@ -273,7 +287,8 @@ def main() -> None:
                                     peak_mib=memory[label]) for label, spec in specs.items()},
             )
             for entry in row['models'].values():
-                entry['throughput_ratio'] = entry['images_per_s'] / speed[REFERENCE]['median']
+                ratio = paired_ratio(entry['rounds'], speed[REFERENCE]['rounds'])
+                entry['throughput_ratio'], entry['throughput_ratio_range'] = ratio['median'], ratio['range']
                 entry['memory_ratio'] = entry['peak_mib'] / memory[REFERENCE]
             results.append(row)
             print(f"{name} {row['mode']}: " + ', '.join(

@@ -60,11 +60,22 @@ def test_a_run_writes_every_model_with_ratios_to_the_vit_and_a_plot(tmp_path, mo
         assert list(row['models']) == ['vit_hyperbf_tiny', 'vit_hyperbf_tiny, depth=2', 'timm ViT', 'timm MLP-Mixer']
         assert row['models']['vit_hyperbf_tiny, depth=2']['spec'] == dict(model_name='vit_hyperbf_tiny', depth=2)
         assert row['models']['timm ViT']['throughput_ratio'] == 1.
+        assert row['models']['timm ViT']['throughput_ratio_range'] == [1., 1.]
         assert row['models']['timm ViT']['memory_ratio'] == 1.
         for entry in row['models'].values():
             assert len(entry['rounds']) == 2 and entry['images_per_s'] > 0 and entry['peak_mib'] > 0
     assert record['environment']['command'].endswith('--mixer --json ' + str(out))
     assert (tmp_path / 'bench.png').stat().st_size > 0
+
+
+def test_throughput_ratios_pair_each_round_with_the_same_round_of_the_vit():
+    paired_ratio = load_throughput().paired_ratio
+    # 0.9x the ViT in every round, while the machine's load changes from round to round
+    ratio = paired_ratio([90., 45., 99.], [100., 50., 110.])
+    assert ratio['median'] == pytest.approx(0.9) and ratio['range'] == pytest.approx([0.9, 0.9])
+    # round ratios 0.8, 1.11 and 0.75: median 0.8, where the ratio of the medians (80 / 90) would say 0.89
+    ratio = paired_ratio([80., 100., 60.], [100., 90., 80.])
+    assert ratio['median'] == pytest.approx(0.8) and ratio['range'] == pytest.approx([0.75, 100. / 90.])
 
 
 def test_memory_is_measured_with_the_mmap_threshold_pinned(monkeypatch):

@@ -54,6 +54,22 @@ def test_fused_and_reference_agree_in_fp32(gamma_per_head, mahalanobis):
         assert (a - b).abs().max() <= 1e-5 * max(1., b.abs().max().item())
 
 
+@pytest.mark.parametrize('gamma_per_head', [True, False])
+@pytest.mark.parametrize('mahalanobis', [False, True])
+def test_fused_and_reference_agree_in_inference(gamma_per_head, mahalanobis):
+    """Without gradients the fused path attends with the key-norm term as a mask (on CPU): the same function."""
+    fused, reference = make_pair(gamma_per_head=gamma_per_head, mahalanobis=mahalanobis)
+    fused.eval(), reference.eval()
+    x = layer_normed(2, 17, 48) * 2
+    with torch.inference_mode():
+        out_ref = reference(x)
+        assert (fused(x) - out_ref).abs().max() <= 1e-5
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out_bf16 = fused(x)
+    assert out_bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(out_bf16.float(), out_ref, atol=3e-2, rtol=3e-2)
+
+
 def test_fused_and_reference_agree_under_bf16_autocast():
     fused, reference = make_pair()
     x = layer_normed(2, 17, 48)
@@ -111,5 +127,7 @@ def test_scripted_layer_gives_the_outputs_and_gradients_of_the_eager_one():
     x = layer_normed(2, 17, 48)
     g = torch.randn(2, 17, 48)
     torch.testing.assert_close(scripted(x), fused(x))
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), fused(x))
     for a, b in zip(grads(scripted, x, g), grads(fused, x, g)):
         torch.testing.assert_close(a, b)

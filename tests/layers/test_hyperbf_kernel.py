@@ -3,9 +3,12 @@ import math
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from timm_hbf.layers import HyperBFKernel
 from timm_hbf.layers.hyperbf_kernel import _AugmentQKV, _GaussianUnits, augment_qkv
+
+from ..helpers import ShapeRecorder
 
 
 def brute_force_kernel(x, t, gamma, metric=None, kernel='gaussian'):
@@ -90,15 +93,47 @@ def test_augmented_qkv_give_the_gaussian_softmax():
     assert (v_aug[..., 6:] == 0).all()
 
 
+@pytest.mark.parametrize('grad, pad_to', [(True, 0), (True, 8), (False, 0)],
+                         ids=['key_norm_channel', 'key_norm_channel_cuda_width', 'key_norm_mask'])
 @pytest.mark.parametrize('num_widths', [2, 1])
-def test_dot_product_attention_is_the_gaussian_attention(num_widths):
+def test_dot_product_attention_is_the_gaussian_attention(num_widths, grad, pad_to):
     torch.manual_seed(0)
     kernel = HyperBFKernel(6, num_widths=num_widths)
-    qkv = torch.randn(3, 5, 3, 2, 6)
+    qkv = torch.randn(3, 5, 3, 2, 6, requires_grad=grad)
     gamma = torch.tensor([0.2, 0.05])[:num_widths]
     q, k, v = qkv.permute(2, 0, 3, 1, 4)
     expected = torch.softmax(kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)), dim=-1) @ v
-    torch.testing.assert_close(kernel.dot_product_attention(qkv, gamma), expected)
+    with torch.set_grad_enabled(grad):
+        out = kernel.dot_product_attention(qkv, gamma, pad_to=pad_to)
+    torch.testing.assert_close(out, expected)
+
+
+def test_inference_on_cpu_runs_the_flash_kernel_with_the_key_norm_as_a_mask_row():
+    torch.manual_seed(0)
+    kernel = HyperBFKernel(16, num_widths=3)
+    qkv, gamma = torch.randn(2, 37, 3, 3, 16), torch.tensor([0.2, 0.05, 0.1])
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    expected = torch.softmax(kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)), dim=-1) @ v
+    with torch.inference_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]), ShapeRecorder() as recorder:
+        out = kernel.dot_product_attention(qkv.clone(), gamma)  # raises if the flash kernel cannot take it
+    torch.testing.assert_close(out, expected)
+    assert not [s for s in recorder.shapes if s[-2:] == (37, 37)]  # the mask is one (2, 3, 1, 37) row per query
+
+
+def test_inplace_inference_scales_the_queries_of_qkv_and_nothing_else():
+    torch.manual_seed(0)
+    kernel = HyperBFKernel(16, num_widths=3)
+    qkv, gamma = torch.randn(2, 37, 3, 3, 16), torch.tensor([0.2, 0.05, 0.1])
+    given = qkv.clone()
+    with torch.no_grad():
+        expected = kernel.dot_product_attention(qkv, gamma)
+        assert torch.equal(qkv, given)  # not in place unless asked
+        torch.testing.assert_close(kernel.dot_product_attention(qkv, gamma, inplace=True), expected)
+    torch.testing.assert_close(qkv[:, :, 0], given[:, :, 0] * 2. * gamma.reshape(3, 1))
+    assert torch.equal(qkv[:, :, 1:], given[:, :, 1:])
+    grad_qkv = given.clone().requires_grad_()
+    kernel.dot_product_attention(grad_qkv, gamma, inplace=True)  # a gradient may be needed: never in place
+    assert torch.equal(grad_qkv.detach(), given)
 
 
 def test_custom_backward_passes_match_autograd():

@@ -26,7 +26,8 @@ class HyperBFAttention(nn.Module):
     The fused path (Gaussian kernel, ``timm.layers.use_fused_attn()``) runs ``F.scaled_dot_product_attention`` on
     queries and keys augmented with one channel that carries the key-norm term (see
     :meth:`HyperBFKernel.dot_product_attention`), padded with ``v`` to a head width the fused kernels accept (a
-    multiple of 8 on CUDA), so no ``N x N`` matrix is built outside the fused kernel. The reference path computes
+    multiple of 8 on CUDA), so no ``N x N`` matrix is built outside the fused kernel; CPU inference passes that term
+    as a mask and reads the projection's own q, k and v (its queries scaled in place). The reference path computes
     the distances explicitly; it serves the Laplacian kernel, ``TIMM_FUSED_ATTN=0`` and exportable builds.
 
     Args:
@@ -82,7 +83,8 @@ class HyperBFAttention(nn.Module):
         gamma = self.kernel.gamma()
 
         if self.fused_attn:
-            x = self.kernel.dot_product_attention(qkv, gamma, dropout_p=self.attn_drop.p if self.training else 0.)
+            x = self.kernel.dot_product_attention(
+                qkv, gamma, dropout_p=self.attn_drop.p if self.training else 0., inplace=True)
         else:
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
             attn = self.kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)).softmax(dim=-1)
