@@ -93,6 +93,12 @@ def test_augmented_qkv_give_the_gaussian_softmax():
     assert (v_aug[..., 6:] == 0).all()
 
 
+def explicit_gaussian_attention(kernel, qkv, gamma):
+    """softmax_j(-gamma_h ||q_i - k_j||^2) v_j from the explicit distances, for qkv of shape (B, N, 3, H, D)."""
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    return torch.softmax(kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)), dim=-1) @ v
+
+
 @pytest.mark.parametrize('grad, pad_to', [(True, 0), (True, 8), (False, 0)],
                          ids=['key_norm_channel', 'key_norm_channel_cuda_width', 'key_norm_mask'])
 @pytest.mark.parametrize('num_widths', [2, 1])
@@ -101,8 +107,7 @@ def test_dot_product_attention_is_the_gaussian_attention(num_widths, grad, pad_t
     kernel = HyperBFKernel(6, num_widths=num_widths)
     qkv = torch.randn(3, 5, 3, 2, 6, requires_grad=grad)
     gamma = torch.tensor([0.2, 0.05])[:num_widths]
-    q, k, v = qkv.permute(2, 0, 3, 1, 4)
-    expected = torch.softmax(kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)), dim=-1) @ v
+    expected = explicit_gaussian_attention(kernel, qkv, gamma)
     with torch.set_grad_enabled(grad):
         out = kernel.dot_product_attention(qkv, gamma, pad_to=pad_to)
     torch.testing.assert_close(out, expected)
@@ -112,8 +117,7 @@ def test_inference_on_cpu_runs_the_flash_kernel_with_the_key_norm_as_a_mask_row(
     torch.manual_seed(0)
     kernel = HyperBFKernel(16, num_widths=3)
     qkv, gamma = torch.randn(2, 37, 3, 3, 16), torch.tensor([0.2, 0.05, 0.1])
-    q, k, v = qkv.permute(2, 0, 3, 1, 4)
-    expected = torch.softmax(kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)), dim=-1) @ v
+    expected = explicit_gaussian_attention(kernel, qkv, gamma)
     with torch.inference_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]), ShapeRecorder() as recorder:
         out = kernel.dot_product_attention(qkv.clone(), gamma)  # raises if the flash kernel cannot take it
     torch.testing.assert_close(out, expected)

@@ -149,10 +149,9 @@ def gaussian_sdpa(
     over the queries, which torch's CPU flash kernel takes at no cost: the kernel then reads the projection's own
     q, k and v, and only the queries are scaled by ``2 gamma``, in place in ``qkv`` if ``inplace``.
     """
-    dim = qkv.shape[-1]
     if qkv.is_cuda or (torch.is_grad_enabled() and (qkv.requires_grad or gamma.requires_grad)):
         q, k, v = augment_qkv(qkv, gamma, pad_to)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.)[..., :dim]
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.)[..., :qkv.shape[-1]]
     q_scale = 2. * gamma.reshape(-1, 1)  # (H or 1, 1) against the (B, N, H, D) queries
     queries = qkv[:, :, 0].mul_(q_scale) if inplace else qkv[:, :, 0] * q_scale
     keys = qkv[:, :, 1]
