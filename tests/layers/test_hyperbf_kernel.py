@@ -6,7 +6,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from timm_hbf.layers import HyperBFKernel
-from timm_hbf.layers.hyperbf_kernel import _AugmentQKV, _GaussianUnits, augment_qkv
+from timm_hbf.layers.hyperbf_kernel import _AugmentPoints, _AugmentQKV, _GaussianUnits, augment_points, augment_qkv
 
 from ..helpers import ShapeRecorder
 
@@ -149,6 +149,21 @@ def test_custom_backward_passes_match_autograd():
     for shape in [(3, 1, 1), (1, 1, 1)]:  # a width per head, one per layer
         gamma = (torch.rand(*shape, dtype=torch.float64) + 0.1).requires_grad_()
         assert torch.autograd.gradcheck(lambda qkv, g: _AugmentQKV.apply(qkv, g, 3), (qkv, gamma))
+    points = torch.randn(7, 5, **f64)
+    for pad in (0, 3):
+        assert torch.autograd.gradcheck(lambda x: _AugmentPoints.apply(x, pad), (points,))
+
+
+def test_augmented_points_carry_the_squared_norm_and_a_one():
+    x = torch.randn(4, 5)
+    x_aug = augment_points(x, pad=3)
+    assert x_aug.shape == (4, 10)
+    assert torch.equal(x_aug[:, :5], x)
+    torch.testing.assert_close(x_aug[:, 5], (x * x).sum(-1))
+    assert torch.equal(x_aug[:, 6], torch.ones(4)) and torch.equal(x_aug[:, 7:], torch.zeros(4, 3))
+    t = torch.randn(6, 5)  # [2 t, -1, -||t||^2, 0...] against them gives minus the squared distance
+    t_aug = torch.cat([2. * t, -torch.ones(6, 1), -(t * t).sum(-1, keepdim=True), torch.zeros(6, 3)], dim=-1)
+    torch.testing.assert_close(x_aug @ t_aug.t(), -torch.cdist(x, t).square(), atol=1e-4, rtol=1e-4)
 
 
 def test_construction_on_meta_device():

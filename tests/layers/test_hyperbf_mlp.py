@@ -1,6 +1,7 @@
 """HyperBFMlp: phi(x) = sum_i c_i K(x, t_i) + b (memo Eq. 4 and 7), alive at init and as cheap as an MLP."""
 import pytest
 import torch
+from timm.layers import Mlp
 
 from timm_hbf.layers import HyperBFMlp
 
@@ -95,6 +96,34 @@ def test_units_overwrite_a_fresh_tensor_not_a_view():
     nodes = autograd_nodes(out)
     assert '_GaussianUnitsBackward' in nodes
     assert 'CopySlices' not in nodes
+
+
+def saved_activation_bytes(module, x):
+    """Bytes of the distinct tensors (parameters aside) that autograd keeps for the backward pass of ``module(x)``."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(storages.values())
+
+
+def saved_bytes_per_token(module, dim):
+    """What the backward pass keeps for each more token: weight-sized tensors (the augmented centres) cancel."""
+    few, many = (saved_activation_bytes(module, layer_normed(n, dim).requires_grad_()) for n in (8, 24))
+    return (many - few) / 16
+
+
+def test_backward_keeps_the_augmented_points_and_the_units_less_than_a_gelu_mlp():
+    dim, centers = 32, 128
+    # [x, ||x||^2, 1] padded to a multiple of 8 channels, and the units; not the input itself
+    assert saved_bytes_per_token(HyperBFMlp(dim, centers), dim) == 4 * (40 + centers)
+    assert saved_bytes_per_token(Mlp(dim, centers), dim) == 4 * (dim + 2 * centers)  # input, fc1 and GELU outputs
 
 
 def test_init_widths():

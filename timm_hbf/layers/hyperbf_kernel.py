@@ -9,9 +9,9 @@ the kernel is the plain radial basis function.
 
 Distances are never formed from ``x[:, None] - t[None]`` differences: ``||x - t||^2 = ||x||^2 + ||t||^2 - 2 x.t``
 turns them into one matrix product of operands augmented with their norms, which is what lets HyperBF layers cost
-what their dot-product counterparts cost. The two hot paths (Gaussian units against centres, Gaussian attention
-logits) have hand-written backward passes that keep only what the next op saves anyway, so they use no more
-activation memory than a GELU MLP and plain scaled-dot-product attention.
+what their dot-product counterparts cost. The hot paths (points augmented for their distances to centres, Gaussian
+units, Gaussian attention logits) have hand-written backward passes that keep only what the next op saves anyway, so
+they use less activation memory than a GELU MLP and no more than plain scaled-dot-product attention.
 """
 import math
 from typing import Tuple
@@ -23,7 +23,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.jit import Final
 
-__all__ = ['HyperBFKernel', 'KERNELS', 'distance_key', 'gaussian_sdpa', 'pairwise_sq_dist']
+__all__ = ['HyperBFKernel', 'KERNELS', 'augment_points', 'distance_key', 'gaussian_sdpa', 'pairwise_sq_dist']
 
 KERNELS = ('gaussian', 'laplacian')
 LOG_GAMMA_BOUND = 60.  # exp(+-60) is finite and non-zero in fp32 and bf16
@@ -66,6 +66,46 @@ def gaussian_units(log_k: torch.Tensor) -> torch.Tensor:
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
         return _gaussian_units(log_k, inplace=not torch.is_grad_enabled())
     return _GaussianUnits.apply(log_k)
+
+
+# --- Points augmented with their squared norm, for distances to centres as one matrix product -------------------------
+
+def _augment_points(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """``(P, D) -> (P, D + 2 + pad)``: ``[x, ||x||^2, 1, 0...]``, written into one fresh buffer."""
+    dim = x.shape[-1]
+    x_aug = x.new_empty(x.shape[0], dim + 2 + pad)
+    x_aug[:, :dim] = x
+    x_aug[:, dim] = x.pow(2).sum(-1)
+    x_aug[:, dim + 1] = 1.
+    x_aug[:, dim + 2:] = 0.
+    return x_aug
+
+
+class _AugmentPoints(torch.autograd.Function):
+    """:func:`_augment_points` that saves only its output (which the matrix product after it saves anyway) and
+    returns the gradient ``g_x + 2 x g_norm`` in one pass."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, pad: int) -> torch.Tensor:
+        x_aug = _augment_points(x, pad)
+        ctx.save_for_backward(x_aug)
+        ctx.dim = x.shape[-1]
+        return x_aug
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x_aug, = ctx.saved_tensors
+        dim = ctx.dim
+        return torch.addcmul(grad[:, :dim], x_aug[:, :dim], grad[:, dim:dim + 1], value=2.), None
+
+
+def augment_points(x: torch.Tensor, pad: int = 0) -> torch.Tensor:
+    """``[x, ||x||^2, 1]`` for points ``(P, D)``, zero-padded by ``pad`` channels: against ``[2 gamma t, -gamma,
+    -gamma ||t||^2, 0...]`` a dot product gives ``-gamma ||x - t||^2``."""
+    if torch.jit.is_scripting() or not torch.is_grad_enabled():
+        return _augment_points(x, pad)
+    return _AugmentPoints.apply(x, pad)
 
 
 # --- Gaussian attention as a dot product ------------------------------------------------------------------------------
@@ -167,6 +207,7 @@ def distance_key(k: torch.Tensor) -> torch.Tensor:
 
 
 # Leaves for torch.fx: traced graphs call the functions (and so their custom backward) instead of tracing through them.
+torch.fx.wrap('augment_points')
 torch.fx.wrap('gaussian_units')
 torch.fx.wrap('gaussian_sdpa')
 
@@ -259,13 +300,12 @@ class HyperBFKernel(nn.Module):
             [x, ||x||^2, 1] . [2 gamma_i t_i, -gamma_i, -gamma_i ||t_i||^2] = -gamma_i ||x - t_i||^2,
 
         zero-padded to a width that is a multiple of 8. The product is a fresh tensor (not a view of one), which
-        :func:`gaussian_units` may overwrite, and its backward pass is the two products of a bias-free ``linear``.
+        :func:`gaussian_units` may overwrite, and its backward pass is the two products of a bias-free ``linear``
+        plus one pass for the norm channel; the points themselves are kept only inside ``x_aug``.
         """
         x, centers = self.project(x), self.project(centers)
-        x = x.reshape(-1, x.shape[-1])
         pad = -(self.dim + 2) % 8
-        x_aug = torch.cat([x, x.pow(2).sum(-1, keepdim=True), x.new_ones(x.shape[0], 1),
-                           x.new_zeros(x.shape[0], pad)], dim=-1)
+        x_aug = augment_points(x.reshape(-1, x.shape[-1]), pad)
         gamma = gamma.unsqueeze(-1)
         centers_aug = torch.cat([2. * gamma * centers, -gamma, -gamma * centers.pow(2).sum(-1, keepdim=True),
                                  centers.new_zeros(centers.shape[0], pad)], dim=-1)
