@@ -115,8 +115,9 @@ def saved_activation_bytes(module, x):
 
 def saved_bytes_per_token(module, dim):
     """What the backward pass keeps for each more token: weight-sized tensors (the augmented centres) cancel."""
-    few, many = (saved_activation_bytes(module, layer_normed(n, dim).requires_grad_()) for n in (8, 24))
-    return (many - few) / 16
+    few, many = 8, 24
+    saved_few, saved_many = (saved_activation_bytes(module, layer_normed(n, dim).requires_grad_()) for n in (few, many))
+    return (saved_many - saved_few) / (many - few)
 
 
 def test_backward_keeps_the_augmented_points_and_the_units_less_than_a_gelu_mlp():
