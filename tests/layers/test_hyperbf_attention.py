@@ -5,9 +5,9 @@ import pytest
 import torch
 from timm.layers import set_fused_attn
 
-from timm_hbf.layers import HyperBFAttention
+from timm_hbf.layers import HyperBFAttention, hyperbf_kernel
 
-from ..helpers import ShapeRecorder, layer_normed
+from ..helpers import ShapeRecorder, layer_normed, saved_activation_bytes
 
 
 def make_pair(**kwargs):
@@ -91,12 +91,29 @@ def test_init_logits_have_the_scale_of_scaled_dot_product_attention():
     torch.testing.assert_close(2 * gamma, torch.full((4,), 1 / math.sqrt(16)))
 
 
-def test_fused_path_builds_no_token_by_token_matrix():
+def test_fused_path_builds_no_token_by_token_matrix_for_inference_or_long_sequences():
     attn = HyperBFAttention(48, num_heads=3)
-    x = layer_normed(2, 37, 48)
+    x = layer_normed(2, 37, 48)  # more than 2 x head_dim tokens
     with ShapeRecorder() as recorder:
         attn(x).sum().backward()
-    assert not [s for s in recorder.shapes if len(s) >= 2 and s[-2:] == (37, 37)]
+        with torch.no_grad():
+            attn(x[:, :29])
+    assert not [s for s in recorder.shapes if len(s) >= 2 and s[-2:] in ((37, 37), (29, 29))]
+
+
+def test_written_out_weights_keep_no_more_than_the_fused_kernel_at_the_cifar_size(monkeypatch):
+    """vit_hyperbf_tiny at 32x32 with patch 4: 65 tokens, width 192, 3 heads of 64. The weights (3 x 65 x 65 a
+    sample) take the place of the augmented q, k and v (and the output) that the fused kernel keeps."""
+    attn = HyperBFAttention(192, num_heads=3, qkv_bias=True)
+    x = layer_normed(2, 65, 192).requires_grad_()
+    with ShapeRecorder() as recorder:
+        written_out = saved_activation_bytes(attn, x)
+    assert (2, 65, 65) in recorder.shapes
+    monkeypatch.setattr(hyperbf_kernel, 'explicit_weights_pay', lambda qkv: False)
+    with ShapeRecorder() as recorder:
+        fused = saved_activation_bytes(attn, x)
+    assert (2, 65, 65) not in recorder.shapes
+    assert written_out <= fused
 
 
 def test_reference_path_serves_when_fused_attention_is_off_and_for_laplacian():

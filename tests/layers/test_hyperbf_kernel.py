@@ -6,7 +6,15 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from timm_hbf.layers import HyperBFKernel
-from timm_hbf.layers.hyperbf_kernel import _AugmentPoints, _AugmentQKV, _GaussianUnits, augment_points, augment_qkv
+from timm_hbf.layers.hyperbf_kernel import (
+    _AugmentPoints,
+    _AugmentQKV,
+    _GaussianAttentionPerHead,
+    _GaussianUnits,
+    augment_points,
+    augment_qkv,
+    explicit_weights_pay,
+)
 
 from ..helpers import ShapeRecorder
 
@@ -99,18 +107,39 @@ def explicit_gaussian_attention(kernel, qkv, gamma):
     return torch.softmax(kernel.log_kernel(q, k, gamma.reshape(-1, 1, 1)), dim=-1) @ v
 
 
-@pytest.mark.parametrize('grad, pad_to', [(True, 0), (True, 8), (False, 0)],
-                         ids=['key_norm_channel', 'key_norm_channel_cuda_width', 'key_norm_mask'])
+@pytest.mark.parametrize('grad, tokens, pad_to, path_shape', [
+    (True, 5, 0, (3, 5, 5)),  # a (B, N, N) weight matrix per head
+    (True, 13, 0, (3, 2, 13, 7)),  # (B, H, N, D + 1)
+    (True, 13, 8, (3, 2, 13, 8)),
+    (False, 5, 0, (3, 2, 1, 5)),  # (B, H, 1, N)
+], ids=['explicit_weights', 'key_norm_channel', 'key_norm_channel_cuda_width', 'key_norm_mask'])
 @pytest.mark.parametrize('num_widths', [2, 1])
-def test_dot_product_attention_is_the_gaussian_attention(num_widths, grad, pad_to):
+def test_dot_product_attention_is_the_gaussian_attention(num_widths, grad, tokens, pad_to, path_shape):
     torch.manual_seed(0)
     kernel = HyperBFKernel(6, num_widths=num_widths)
-    qkv = torch.randn(3, 5, 3, 2, 6, requires_grad=grad)
+    qkv = torch.randn(3, tokens, 3, 2, 6, requires_grad=grad)
     gamma = torch.tensor([0.2, 0.05])[:num_widths]
     expected = explicit_gaussian_attention(kernel, qkv, gamma)
-    with torch.set_grad_enabled(grad):
+    with torch.set_grad_enabled(grad), ShapeRecorder() as recorder:
         out = kernel.dot_product_attention(qkv, gamma, pad_to=pad_to)
     torch.testing.assert_close(out, expected)
+    assert path_shape in recorder.shapes
+
+
+def test_weights_are_written_out_for_cpu_training_up_to_two_head_widths_of_tokens():
+    head_dim = 16
+    assert explicit_weights_pay(torch.empty(2, 2 * head_dim, 3, 3, head_dim))
+    assert not explicit_weights_pay(torch.empty(2, 2 * head_dim + 1, 3, 3, head_dim))
+    assert not explicit_weights_pay(torch.empty(2, 4, 3, 3, head_dim, device='meta'))  # CPU only
+
+
+def test_attention_dropout_takes_the_fused_kernel():
+    kernel = HyperBFKernel(6, num_widths=2)
+    qkv = torch.randn(3, 5, 3, 2, 6, requires_grad=True)
+    with ShapeRecorder() as recorder:
+        out = kernel.dot_product_attention(qkv, torch.tensor([0.2, 0.05]), dropout_p=0.5)
+    out.sum().backward()
+    assert (3, 2, 5, 7) in recorder.shapes and (3, 5, 5) not in recorder.shapes
 
 
 def test_inference_on_cpu_runs_the_flash_kernel_with_the_key_norm_as_a_mask_row():
@@ -149,6 +178,7 @@ def test_custom_backward_passes_match_autograd():
     for shape in [(3, 1, 1), (1, 1, 1)]:  # a width per head, one per layer
         gamma = (torch.rand(*shape, dtype=torch.float64) + 0.1).requires_grad_()
         assert torch.autograd.gradcheck(lambda qkv, g: _AugmentQKV.apply(qkv, g, 3), (qkv, gamma))
+        assert torch.autograd.gradcheck(_GaussianAttentionPerHead.apply, (qkv, gamma))
     points = torch.randn(7, 5, **f64)
     for pad in (0, 3):
         assert torch.autograd.gradcheck(lambda x: _AugmentPoints.apply(x, pad), (points,))

@@ -5,7 +5,7 @@ from timm.layers import Mlp
 
 from timm_hbf.layers import HyperBFMlp
 
-from ..helpers import ShapeRecorder, layer_normed
+from ..helpers import ShapeRecorder, layer_normed, saved_activation_bytes
 
 
 def brute_force_units(mlp, x):
@@ -96,21 +96,6 @@ def test_units_overwrite_a_fresh_tensor_not_a_view():
     nodes = autograd_nodes(out)
     assert '_GaussianUnitsBackward' in nodes
     assert 'CopySlices' not in nodes
-
-
-def saved_activation_bytes(module, x):
-    """Bytes of the distinct tensors (parameters aside) that autograd keeps for the backward pass of ``module(x)``."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    storages = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x)
-    return sum(storages.values())
 
 
 def saved_bytes_per_token(module, dim):

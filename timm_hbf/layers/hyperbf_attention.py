@@ -23,12 +23,14 @@ class HyperBFAttention(nn.Module):
     ``q . k / sqrt(head_dim)``, so at init the logits have the scale of standard scaled dot-product attention
     (up to the key-norm bias, which the softmax does not ignore).
 
-    The fused path (Gaussian kernel, ``timm.layers.use_fused_attn()``) runs ``F.scaled_dot_product_attention`` on
-    queries and keys augmented with one channel that carries the key-norm term (see
-    :meth:`HyperBFKernel.dot_product_attention`), padded with ``v`` to a head width the fused kernels accept (a
-    multiple of 8 on CUDA), so no ``N x N`` matrix is built outside the fused kernel; CPU inference passes that term
-    as a mask and reads the projection's own q, k and v (its queries scaled in place). The reference path computes
-    the distances explicitly; it serves the Laplacian kernel, ``TIMM_FUSED_ATTN=0`` and exportable builds.
+    The fused path (Gaussian kernel, ``timm.layers.use_fused_attn()``) builds no distance matrix: through
+    :meth:`HyperBFKernel.dot_product_attention`, ``F.scaled_dot_product_attention`` runs on queries and keys augmented
+    with one channel that carries the key-norm term, padded with ``v`` to a head width the fused kernels accept (a
+    multiple of 8 on CUDA); CPU inference passes that term as a mask and reads the projection's own q, k and v (its
+    queries scaled in place); CPU training of sequences up to twice the head width (65 tokens at 32x32 with patch 4)
+    writes each head's weights out with batched matrix products, which is faster there and keeps no more memory. The
+    reference path computes the distances explicitly; it serves the Laplacian kernel, ``TIMM_FUSED_ATTN=0`` and
+    exportable builds.
 
     Args:
         dim: Token dimension.

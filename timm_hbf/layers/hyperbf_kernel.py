@@ -10,8 +10,8 @@ the kernel is the plain radial basis function.
 Distances are never formed from ``x[:, None] - t[None]`` differences: ``||x - t||^2 = ||x||^2 + ||t||^2 - 2 x.t``
 turns them into one matrix product of operands augmented with their norms, which is what lets HyperBF layers cost
 what their dot-product counterparts cost. The hot paths (points augmented for their distances to centres, Gaussian
-units, Gaussian attention logits) have hand-written backward passes that keep only what the next op saves anyway, so
-they use less activation memory than a GELU MLP and no more than plain scaled-dot-product attention.
+units, Gaussian attention) have hand-written backward passes that keep only what the next op saves anyway: the MLP
+keeps less activation memory than a GELU MLP, the attention about what plain scaled-dot-product attention keeps.
 """
 import math
 from typing import Tuple
@@ -23,7 +23,10 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.jit import Final
 
-__all__ = ['HyperBFKernel', 'KERNELS', 'augment_points', 'distance_key', 'gaussian_sdpa', 'pairwise_sq_dist']
+__all__ = [
+    'HyperBFKernel', 'KERNELS', 'augment_points', 'distance_key', 'explicit_weights_pay', 'gaussian_sdpa',
+    'pairwise_sq_dist',
+]
 
 KERNELS = ('gaussian', 'laplacian')
 LOG_GAMMA_BOUND = 60.  # exp(+-60) is finite and non-zero in fp32 and bf16
@@ -174,6 +177,68 @@ def augment_qkv(qkv: torch.Tensor, gamma: torch.Tensor, pad_to: int) -> Tuple[to
     return _AugmentQKV.apply(qkv, gamma, pad)
 
 
+# --- Gaussian attention with written-out weights, head by head (CPU training on short sequences) ----------------------
+
+def explicit_weights_pay(qkv: torch.Tensor) -> bool:
+    """Whether :class:`_GaussianAttentionPerHead` serves ``qkv`` better than a fused kernel at the augmented width: on
+    the CPU, up to ``2 x head_dim`` tokens (the 32x32 models with patch 4 have 65, with heads of 64). There the
+    weights of a sample, ``H N^2`` values, take at most twice the memory of the attention output, about what the
+    fused path keeps in its augmented copies of q, k and v, and the per-head products ran faster than the fused
+    kernel, whose CPU kernels lose a fifth of their speed past a head width of 64. Longer sequences take the fused
+    kernels, whose memory grows linearly with the length."""
+    return qkv.device.type == 'cpu' and qkv.shape[1] <= 2 * qkv.shape[-1]
+
+
+class _GaussianAttentionPerHead(torch.autograd.Function):
+    """Gaussian attention ``(B, N, 3, H, D) -> (B, N, H, D)`` with each head's weights written out, read straight from
+    the strided q, k, v of the qkv projection and written in the layout the output projection reads. Per head, the
+    logits ``2 gamma (q . k - ||k||^2 / 2)`` are one ``baddbmm``; the backward pass is four matrix products,
+
+        dV = P^T dO,    dS = P * (dO V^T - rowsum(P * dO V^T)),
+        dQ = 2 gamma dS K,    dK = 2 gamma (dS^T Q - colsum(dS) K),
+        dgamma = 2 sum(Q * dS K) - sum(colsum(dS) ||K||^2),
+
+    and it keeps qkv and the weights ``P``. Runs in the dtype of ``qkv`` (autocast off inside)."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        B, N, _, H, D = qkv.shape
+        scale = (2. * gamma).reshape(-1).expand(H)
+        out = qkv.new_empty(B, N, H, D)
+        weights = []
+        with torch.autocast(qkv.device.type, enabled=False):
+            for h in range(H):
+                q, k, v = qkv[:, :, :, h].unbind(2)
+                half_key_norm = torch.linalg.vecdot(k, k).mul_(-.5).unsqueeze(1)  # (B, 1, N)
+                logits = torch.baddbmm(half_key_norm, q, k.transpose(1, 2)).mul_(scale[h])
+                weights.append(logits.softmax(-1))
+                out[:, :, h] = torch.bmm(weights[-1], v)
+        ctx.save_for_backward(qkv, gamma, *weights)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        qkv, gamma, *weights = ctx.saved_tensors
+        H = qkv.shape[3]
+        scale = (2. * gamma).reshape(-1).expand(H)
+        grad_qkv = qkv.new_empty(qkv.shape)
+        grad_gamma = qkv.new_empty(H)
+        for h, p in enumerate(weights):
+            q, k, v = qkv[:, :, :, h].unbind(2)
+            grad_q, grad_k, grad_v = grad_qkv[:, :, :, h].unbind(2)
+            g = grad_out[:, :, h]
+            grad_v.copy_(torch.bmm(p.transpose(1, 2), g))
+            ds = torch.bmm(g, v.transpose(1, 2))
+            ds.sub_(torch.linalg.vecdot(p, ds).unsqueeze(-1)).mul_(p)  # through the softmax
+            col = ds.sum(1)  # (B, N): the gradient of each key's norm term
+            ds_k = torch.bmm(ds, k)
+            torch.mul(ds_k, scale[h], out=grad_q)
+            torch.mul(torch.bmm(ds.transpose(1, 2), q).addcmul_(k, col.unsqueeze(-1), value=-1.), scale[h], out=grad_k)
+            grad_gamma[h] = 2. * torch.linalg.vecdot(q, ds_k).sum() - (col * torch.linalg.vecdot(k, k)).sum()
+        return grad_qkv, grad_gamma.sum_to_size(gamma.numel()).view(gamma.shape)
+
+
 def gaussian_sdpa(
         qkv: torch.Tensor,
         gamma: torch.Tensor,
@@ -181,15 +246,21 @@ def gaussian_sdpa(
         pad_to: int = 0,
         inplace: bool = False,
 ) -> torch.Tensor:
-    """Gaussian attention on torch's fused kernels: ``(B, N, 3, H, D) -> (B, H, N, D)``, with ``gamma`` of shape
-    ``(H, 1, 1)`` or ``(1, 1, 1)`` (see :meth:`HyperBFKernel.dot_product_attention`).
+    """Gaussian attention without distance matrices: ``(B, N, 3, H, D) -> (B, H, N, D)``, with ``gamma`` of shape
+    ``(H, 1, 1)`` or ``(1, 1, 1)`` (see :meth:`HyperBFKernel.dot_product_attention`). Three ways, by what is fastest:
 
-    Where a gradient may be needed, or on CUDA (whose flash kernels take no mask), the key-norm term rides in an
-    extra channel (:func:`augment_qkv`). Otherwise it is an additive mask, one row ``-gamma ||k_j||^2`` broadcast
-    over the queries, which torch's CPU flash kernel takes at no cost: the kernel then reads the projection's own
-    q, k and v, and only the queries are scaled by ``2 gamma``, in place in ``qkv`` if ``inplace``.
+    * CPU training of sequences up to ``2 x head_dim`` tokens (:func:`explicit_weights_pay`), without attention
+      dropout: per-head matrix products with written-out weights (:class:`_GaussianAttentionPerHead`);
+    * otherwise, where a gradient may be needed, or on CUDA (whose flash kernels take no mask): torch's fused
+      kernels, with the key-norm term in an extra channel (:func:`augment_qkv`);
+    * CPU inference: the fused kernel with the key-norm term as an additive mask, one row ``-gamma ||k_j||^2``
+      broadcast over the queries, which torch's CPU flash kernel takes at no cost; it reads the projection's own
+      q, k and v, and only the queries are scaled by ``2 gamma``, in place in ``qkv`` if ``inplace``.
     """
-    if qkv.is_cuda or (torch.is_grad_enabled() and (qkv.requires_grad or gamma.requires_grad)):
+    needs_grad = torch.is_grad_enabled() and (qkv.requires_grad or gamma.requires_grad)
+    if not torch.jit.is_scripting() and needs_grad and dropout_p == 0. and explicit_weights_pay(qkv):
+        return _GaussianAttentionPerHead.apply(qkv, gamma).transpose(1, 2)
+    if qkv.is_cuda or needs_grad:
         q, k, v = augment_qkv(qkv, gamma, pad_to)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.)[..., :qkv.shape[-1]]
     q_scale = 2. * gamma.reshape(-1, 1)  # (H or 1, 1) against the (B, N, H, D) queries
@@ -335,14 +406,15 @@ class HyperBFKernel(nn.Module):
             pad_to: int = 0,
             inplace: bool = False,
     ) -> torch.Tensor:
-        """Gaussian attention on torch's fused scaled-dot-product kernels.
+        """Gaussian attention as scaled dot products, without distance matrices.
 
         Along a softmax over keys ``j`` the query norm is a constant, so
 
             softmax_j(-gamma ||q_i - k_j||^2) = softmax_j(2 gamma q_i . k_j - gamma ||k_j||^2),
 
-        a dot product of ``[q_i, 1]`` and ``[2 gamma k_j, -gamma ||k_j||^2]``, or, without gradients on the CPU, of
-        ``2 gamma q_i`` and ``k_j`` plus a mask (:func:`gaussian_sdpa`).
+        a dot product of ``[q_i, 1]`` and ``[2 gamma k_j, -gamma ||k_j||^2]`` on torch's fused kernels, or, without
+        gradients on the CPU, of ``2 gamma q_i`` and ``k_j`` plus a mask; CPU training of short sequences multiplies
+        per head instead (:func:`gaussian_sdpa`).
 
         Takes projected queries, keys and values stacked as a qkv projection makes them, ``(B, N, 3, H, D)``, and
         one width per head or one for all, ``gamma`` of shape ``(H,)`` or ``(1,)``; returns ``(B, H, N, D)``. In the
