@@ -181,11 +181,12 @@ def augment_qkv(qkv: torch.Tensor, gamma: torch.Tensor, pad_to: int) -> Tuple[to
 
 def explicit_weights_pay(qkv: torch.Tensor) -> bool:
     """Whether :class:`_GaussianAttentionPerHead` serves ``qkv`` better than a fused kernel at the augmented width: on
-    the CPU, up to ``2 x head_dim`` tokens (the 32x32 models with patch 4 have 65, with heads of 64). There the
-    weights of a sample, ``H N^2`` values, take at most twice the memory of the attention output, about what the
-    fused path keeps in its augmented copies of q, k and v, and the per-head products ran faster than the fused
-    kernel, whose CPU kernels lose a fifth of their speed past a head width of 64. Longer sequences take the fused
-    kernels, whose memory grows linearly with the length."""
+    the CPU, up to ``2 x head_dim`` tokens (the 32x32 models with patch 4 have 65, with heads of 64). The weights of
+    a sample, ``H N^2`` values, stand in for the second copy of the attention output (``H N D``) that the fused path
+    keeps, so the two paths keep the same memory at ``head_dim`` tokens and the weights at most one attention output
+    more at ``2 x head_dim``; there the per-head products ran faster than the fused kernel, whose CPU kernels lose a
+    fifth of their speed past a head width of 64. Longer sequences take the fused kernels, whose memory grows
+    linearly with the length."""
     return qkv.device.type == 'cpu' and qkv.shape[1] <= 2 * qkv.shape[-1]
 
 
