@@ -109,8 +109,8 @@ def explicit_gaussian_attention(kernel, qkv, gamma):
 
 @pytest.mark.parametrize('grad, tokens, pad_to, path_shape', [
     (True, 5, 0, (3, 5, 5)),  # a (B, N, N) weight matrix per head
-    (True, 13, 0, (3, 2, 13, 7)),  # (B, H, N, D + 1)
-    (True, 13, 8, (3, 2, 13, 8)),
+    (True, 25, 0, (3, 2, 25, 7)),  # (B, H, N, D + 1), past 4 x head_dim tokens
+    (True, 25, 8, (3, 2, 25, 8)),
     (False, 5, 0, (3, 2, 1, 5)),  # (B, H, 1, N)
 ], ids=['explicit_weights', 'key_norm_channel', 'key_norm_channel_cuda_width', 'key_norm_mask'])
 @pytest.mark.parametrize('num_widths', [2, 1])
@@ -126,10 +126,10 @@ def test_dot_product_attention_is_the_gaussian_attention(num_widths, grad, token
     assert path_shape in recorder.shapes
 
 
-def test_weights_are_written_out_for_cpu_training_up_to_two_head_widths_of_tokens():
+def test_weights_are_written_out_for_cpu_training_up_to_four_head_widths_of_tokens():
     head_dim = 16
-    assert explicit_weights_pay(torch.empty(2, 2 * head_dim, 3, 3, head_dim))
-    assert not explicit_weights_pay(torch.empty(2, 2 * head_dim + 1, 3, 3, head_dim))
+    assert explicit_weights_pay(torch.empty(2, 4 * head_dim, 3, 3, head_dim))
+    assert not explicit_weights_pay(torch.empty(2, 4 * head_dim + 1, 3, 3, head_dim))
     assert not explicit_weights_pay(torch.empty(2, 4, 3, 3, head_dim, device='meta'))  # CPU only
 
 

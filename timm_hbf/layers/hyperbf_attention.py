@@ -27,8 +27,9 @@ class HyperBFAttention(nn.Module):
     :meth:`HyperBFKernel.dot_product_attention`, ``F.scaled_dot_product_attention`` runs on queries and keys augmented
     with one channel that carries the key-norm term, padded with ``v`` to a head width the fused kernels accept (a
     multiple of 8 on CUDA); CPU inference passes that term as a mask and reads the projection's own q, k and v (its
-    queries scaled in place); CPU training of sequences up to twice the head width (65 tokens at 32x32 with patch 4)
-    writes each head's weights out with batched matrix products, which is faster there and keeps no more memory. The
+    queries scaled in place); CPU training of sequences up to four times the head width (65 tokens at 32x32 with
+    patch 4, 197 at 224x224 with patch 16) writes each head's weights out with batched matrix products, which is
+    faster there (see :func:`~timm_hbf.layers.hyperbf_kernel.explicit_weights_pay`). The
     reference path computes the distances explicitly; it serves the Laplacian kernel, ``TIMM_FUSED_ATTN=0`` and
     exportable builds.
 

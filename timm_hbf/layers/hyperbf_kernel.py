@@ -30,6 +30,7 @@ __all__ = [
 
 KERNELS = ('gaussian', 'laplacian')
 LOG_GAMMA_BOUND = 60.  # exp(+-60) is finite and non-zero in fp32 and bf16
+LOG2_E, LN_2 = math.log2(math.e), math.log(2.)
 
 
 def pairwise_sq_dist(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -39,36 +40,37 @@ def pairwise_sq_dist(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return (x_sq + t_sq - 2. * (x @ t.transpose(-1, -2))).clamp_min(0.)
 
 
-# --- Gaussian units against centres: exp(min(log K, 0)) on a fresh matrix product -------------------------------------
+# --- Gaussian units against centres: 2^min(log2 K, 0) on a fresh matrix product -------------------------------------
 
-def _gaussian_units(log_k: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """``exp(min(log_k, 0))``, overwriting ``log_k`` if ``inplace``; the cap only removes rounding error (a distance
-    cannot be negative)."""
-    return log_k.clamp_max_(0.).exp_() if inplace else log_k.clamp_max(0.).exp()
+def _gaussian_units(log2_k: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """``2^min(log2_k, 0)``, overwriting ``log2_k`` if ``inplace``; the cap only removes rounding error (a distance
+    cannot be negative). Base 2 because torch's CPU ``exp2`` runs several times faster than its ``exp``; the
+    factor ``log2(e)`` rides on the widths, inside the matrix product that makes ``log2_k``."""
+    return log2_k.clamp_max_(0.).exp2_() if inplace else log2_k.clamp_max(0.).exp2()
 
 
 class _GaussianUnits(torch.autograd.Function):
-    """:func:`_gaussian_units` in place on ``log_k`` (a fresh matrix product), saving only its output; the gradient
-    passes the cap as if it were not there."""
+    """:func:`_gaussian_units` in place on ``log2_k`` (a fresh matrix product), saving only its output; the gradient,
+    ``ln 2 * 2^log2_k``, passes the cap as if it were not there."""
 
     @staticmethod
-    def forward(ctx, log_k: torch.Tensor) -> torch.Tensor:
-        out = _gaussian_units(log_k, inplace=True)
-        ctx.mark_dirty(log_k)
+    def forward(ctx, log2_k: torch.Tensor) -> torch.Tensor:
+        out = _gaussian_units(log2_k, inplace=True)
+        ctx.mark_dirty(log2_k)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         out, = ctx.saved_tensors
-        return grad * out
+        return torch.addcmul(grad.new_zeros(()), grad, out, value=LN_2)  # one pass, no temporary
 
 
-def gaussian_units(log_k: torch.Tensor) -> torch.Tensor:
-    """``exp(min(log_k, 0))``; overwrites ``log_k``, which must not be a view (autograd would copy it back)."""
+def gaussian_units(log2_k: torch.Tensor) -> torch.Tensor:
+    """``2^min(log2_k, 0)``; overwrites ``log2_k``, which must not be a view (autograd would copy it back)."""
     if torch.jit.is_scripting() or not torch.is_grad_enabled():
-        return _gaussian_units(log_k, inplace=not torch.is_grad_enabled())
-    return _GaussianUnits.apply(log_k)
+        return _gaussian_units(log2_k, inplace=not torch.is_grad_enabled())
+    return _GaussianUnits.apply(log2_k)
 
 
 # --- Points augmented with their squared norm, for distances to centres as one matrix product -------------------------
@@ -181,13 +183,13 @@ def augment_qkv(qkv: torch.Tensor, gamma: torch.Tensor, pad_to: int) -> Tuple[to
 
 def explicit_weights_pay(qkv: torch.Tensor) -> bool:
     """Whether :class:`_GaussianAttentionPerHead` serves ``qkv`` better than a fused kernel at the augmented width: on
-    the CPU, up to ``2 x head_dim`` tokens (the 32x32 models with patch 4 have 65, with heads of 64). The weights of
-    a sample, ``H N^2`` values, stand in for the second copy of the attention output (``H N D``) that the fused path
-    keeps, so the two paths keep the same memory at ``head_dim`` tokens and the weights at most one attention output
-    more at ``2 x head_dim``; there the per-head products ran faster than the fused kernel, whose CPU kernels lose a
-    fifth of their speed past a head width of 64. Longer sequences take the fused kernels, whose memory grows
-    linearly with the length."""
-    return qkv.device.type == 'cpu' and qkv.shape[1] <= 2 * qkv.shape[-1]
+    the CPU, up to ``4 x head_dim`` tokens (with heads of 64: the 65 tokens of the 32x32 models with patch 4 and the
+    197 of the 224x224 models with patch 16). There the per-head matrix products ran faster than the fused kernel,
+    whose CPU kernels lose a fifth of their speed past a head width of 64; at 321 tokens they ran slower. Per head
+    and token the path keeps ``3 D + N`` values (q, k, v and a row of weights) where the fused path keeps about
+    ``4 D`` (augmented q, k, v and its output): the same at ``N = D``, under twice as much at ``N = 4 D``. Longer
+    sequences take the fused kernels, whose memory grows linearly with the length."""
+    return qkv.device.type == 'cpu' and qkv.shape[1] <= 4 * qkv.shape[-1]
 
 
 class _GaussianAttentionPerHead(torch.autograd.Function):
@@ -250,7 +252,7 @@ def gaussian_sdpa(
     """Gaussian attention without distance matrices: ``(B, N, 3, H, D) -> (B, H, N, D)``, with ``gamma`` of shape
     ``(H, 1, 1)`` or ``(1, 1, 1)`` (see :meth:`HyperBFKernel.dot_product_attention`). Three ways, by what is fastest:
 
-    * CPU training of sequences up to ``2 x head_dim`` tokens (:func:`explicit_weights_pay`), without attention
+    * CPU training of sequences up to ``4 x head_dim`` tokens (:func:`explicit_weights_pay`), without attention
       dropout: per-head matrix products with written-out weights (:class:`_GaussianAttentionPerHead`);
     * otherwise, where a gradient may be needed, or on CUDA (whose flash kernels take no mask): torch's fused
       kernels, with the key-norm term in an extra channel (:func:`augment_qkv`);
@@ -303,6 +305,7 @@ class HyperBFKernel(nn.Module):
         eps: Added under the Laplacian's square root, whose gradient is infinite at zero distance.
     """
     log_gamma_bound: Final[float] = LOG_GAMMA_BOUND
+    log2_e: Final[float] = LOG2_E
 
     def __init__(
             self,
@@ -396,8 +399,8 @@ class HyperBFKernel(nn.Module):
         """``K(x, t_i)`` against ``M`` centres with one width each: ``(..., D), (M, D) -> (..., M)``."""
         if not self.is_gaussian:
             return self.log_kernel_to_centers(x, centers).exp()
-        log_k = self._log_kernel_matrix(x, centers, self.gamma())
-        return gaussian_units(log_k).reshape(x.shape[:-1] + (centers.shape[0],))
+        log2_k = self._log_kernel_matrix(x, centers, self.gamma() * self.log2_e)
+        return gaussian_units(log2_k).reshape(x.shape[:-1] + (centers.shape[0],))
 
     def dot_product_attention(
             self,
