@@ -11,7 +11,8 @@ Distances are never formed from ``x[:, None] - t[None]`` differences: ``||x - t|
 turns them into one matrix product of operands augmented with their norms, which is what lets HyperBF layers cost
 what their dot-product counterparts cost. The hot paths (points augmented for their distances to centres, Gaussian
 units, Gaussian attention) have hand-written backward passes that keep only what the next op saves anyway: the MLP
-keeps less activation memory than a GELU MLP, the attention about what plain scaled-dot-product attention keeps.
+keeps less activation memory than a GELU MLP, the attention about what plain scaled-dot-product attention keeps (its
+weights too, where CPU training writes them out: :func:`explicit_weights_pay`).
 """
 import math
 from typing import Tuple
