@@ -1,7 +1,10 @@
 """Shared test helpers."""
-from typing import List
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
 
 import torch
+from safetensors.torch import load_file
 from torch.overrides import TorchFunctionMode
 
 
@@ -39,3 +42,15 @@ def saved_activation_bytes(module, x):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         module(x)
     return sum(storages.values())
+
+
+LEGACY_DIR = Path(__file__).parent / 'data'
+
+
+def legacy_checkpoint(case: str) -> Tuple[str, Dict[str, Any], Dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A checkpoint written by timm_hbf 0.1.0 (``tests/data``): model name, model kwargs, state dict, and two
+    images with the logits that version gave for them in eval mode."""
+    spec = json.loads((LEGACY_DIR / 'legacy_checkpoints.json').read_text())['cases'][case]
+    tensors = load_file(LEGACY_DIR / f'{case}.safetensors')
+    state_dict = {k[len('state_dict.'):]: v for k, v in tensors.items() if k.startswith('state_dict.')}
+    return spec['model'], spec['kwargs'], state_dict, tensors['test.images'], tensors['test.logits']

@@ -77,3 +77,25 @@ def test_scripted_and_no_grad_paths_agree_with_the_autograd_path():
     with torch.no_grad():
         torch.testing.assert_close(layer(x), expected)
         torch.testing.assert_close(torch.jit.script(layer)(x), expected)
+
+
+def test_a_module_in_place_of_fc_is_called_on_the_prelu_output():
+    """What PEFT does to a LoRA target: ``fc`` replaced by a module that wraps it."""
+    torch.manual_seed(0)
+    layer = PReLULinear(6, 4)
+    calls = []
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            calls.append(x)
+            return self.inner(x) + 1.
+
+    x = torch.randn(2, 3, 6, requires_grad=True)
+    expected = layer(x) + 1.
+    layer.fc = Wrapped(layer.fc)
+    torch.testing.assert_close(layer(x), expected)
+    torch.testing.assert_close(calls[0], F.prelu(x.reshape(-1, 6), layer.slope).view(2, 3, 6))

@@ -1,4 +1,6 @@
-"""The HyperBF ViT family: registration, configurations and timm's model API."""
+"""The HyperBF ViT family: timm's VisionTransformer with HyperBF attention and MLPs, its registry entries and the
+configurations of the memo."""
+import math
 import os
 import subprocess
 import sys
@@ -6,15 +8,23 @@ import sys
 import pytest
 import timm
 import torch
+from timm.models import VisionTransformer
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
-from timm_hbf.models.vit_hyperbf import HyperBFBlock, VisionTransformerHyperBF
+from timm_hbf.layers import HyperBFAttention, HyperBFMlp
+from timm_hbf.models import VisionTransformerHyperBF
+
+from ..helpers import legacy_checkpoint
 
 NAMES = [
     'vit_hyperbf_base', 'vit_hyperbf_base_patch16_224', 'vit_hyperbf_memo143_patch4_32', 'vit_hyperbf_small',
     'vit_hyperbf_small_patch16_224', 'vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224',
 ]
+OPTIONS = [
+    dict(kernel='laplacian'), dict(mahalanobis=True), dict(mlp_normalized=True), dict(attn_gamma_per_head=False),
+]
+OPTION_IDS = ['laplacian', 'mahalanobis', 'mlp_normalized', 'one_attention_width']
 
 
 def small(**kwargs) -> VisionTransformerHyperBF:
@@ -25,6 +35,19 @@ def small(**kwargs) -> VisionTransformerHyperBF:
 
 def images(batch: int = 2, size: int = 32, scale: float = 1.) -> torch.Tensor:
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)) * scale
+
+
+def train_step(model, x=None):
+    """One AdamW step on cross-entropy; returns the loss."""
+    x = images() if x is None else x
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = torch.nn.functional.cross_entropy(model(x), torch.arange(x.shape[0]) % model.num_classes)
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, f'parameters without a gradient: {missing}'
+    opt.step()
+    opt.zero_grad()
+    return loss
 
 
 # --- registry -------------------------------------------------------------------------------------------------------
@@ -62,56 +85,106 @@ def test_configurations(name, size, patch, width, depth, heads, classes):
     assert model.pretrained_cfg['input_size'] == (3, size, size)
     assert model.patch_embed.patch_size == (patch, patch)
     assert (model.embed_dim, len(model.blocks), model.blocks[0].attn.num_heads) == (width, depth, heads)
+    assert model.blocks[0].mlp.centers.shape == (4 * width if 'memo' not in name else 3000, width)
     assert model.num_classes == classes
 
 
-def test_memo_configuration_follows_the_memo():
-    model = timm.create_model('vit_hyperbf_memo143_patch4_32', device='meta')
+def test_memo_configuration_follows_the_authors_code():
+    model = timm.create_model('vit_hyperbf_memo143_patch4_32')
     block = model.blocks[0]
     assert block.mlp.centers.shape == (3000, 768)
-    assert block.attn.kernel.log_gamma.numel() == 1  # one attention width per layer
     assert block.attn.qkv.bias is None
-
-
-def test_unknown_kwargs_raise_type_error():
-    with pytest.raises(TypeError):
-        timm.create_model('vit_hyperbf_tiny', not_a_model_arg=1)
-
-
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(global_pool='max'), "Unknown global_pool 'max'"),
-    (dict(class_token=False), "global_pool='token' needs class_token=True"),
-    (dict(kernel='cauchy'), "Unknown HyperBF kernel 'cauchy'"),
-    (dict(weight_init='jax'), "Unknown weight_init 'jax'"),
-])
-def test_bad_options_are_named(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        small(**kwargs)
+    # one attention width per layer, starting where the authors' learned scale starts: head_dim ** -0.5
+    torch.testing.assert_close(block.attn.kernel.gamma(), torch.tensor([192 ** -0.5]))
 
 
 # --- architecture ----------------------------------------------------------------------------------------------------
 
-def test_block_is_pre_norm_with_both_residuals():
-    torch.manual_seed(0)
-    block = HyperBFBlock(48, 3)
-    x = torch.randn(2, 5, 48)
-    y = x + block.attn(block.norm1(x))
-    torch.testing.assert_close(block(x), y + block.mlp(block.norm2(y)))
+def test_is_timms_vision_transformer_with_hyperbf_layers():
+    model = small()
+    assert isinstance(model, VisionTransformer)
+    assert all(isinstance(b.attn, HyperBFAttention) and isinstance(b.mlp, HyperBFMlp) for b in model.blocks)
+    assert all(type(b) is timm.models.vision_transformer.Block for b in model.blocks)
 
 
-@pytest.mark.parametrize('kwargs', [
-    dict(kernel='laplacian'), dict(mahalanobis=True), dict(mlp_normalized=True), dict(attn_gamma_per_head=False),
-    dict(init_values=1e-5), dict(class_token=False, global_pool='avg'), dict(drop_path_rate=0.1, drop_rate=0.1),
-])
-def test_options_build_and_train_a_step(kwargs):
+@pytest.mark.parametrize('case', ['vit_hyperbf_default', 'vit_hyperbf_options', 'vit_hyperbf_avgpool'])
+def test_checkpoints_of_version_0_1_load_and_give_their_logits(case):
+    """Checkpoints that timm_hbf 0.1.0 wrote load strictly and reproduce its logits, on both attention paths. With
+    average pooling 0.1.0 normed every token before pooling: ``fc_norm=False`` (timm's ViT option) builds that model;
+    timm's default for 'avg' norms after pooling."""
+    name, kwargs, state_dict, x, logits = legacy_checkpoint(case)
+    if kwargs.get('global_pool') == 'avg':
+        kwargs = dict(kwargs, fc_norm=False)
+    model = timm.create_model(name, **kwargs).eval()
+    model.load_state_dict(state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), logits, atol=1e-5, rtol=1e-5)
+        for block in model.blocks:
+            block.attn.fused_attn = False
+        torch.testing.assert_close(model(x), logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('kwargs', OPTIONS + [dict(init_values=1e-5), dict(drop_path_rate=0.1, drop_rate=0.1)],
+                         ids=OPTION_IDS + ['layer_scale', 'dropout'])
+def test_options_train_a_step_with_a_gradient_for_every_parameter(kwargs):
     model = small(**kwargs)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss = torch.nn.functional.cross_entropy(model(images()), torch.tensor([1, 2]))
-    loss.backward()
-    assert all(p.grad is not None for p in model.parameters())
-    opt.step()
+    train_step(model)
     assert torch.isfinite(model(images())).all()
 
+
+@pytest.mark.parametrize('kwargs, tokens', [
+    (dict(reg_tokens=4, class_token=False, global_pool='avg'), 64 + 4),
+    (dict(no_embed_class=True), 64 + 1),
+    (dict(qk_norm=True, scale_attn_norm=True, scale_mlp_norm=True), 64 + 1),
+    (dict(global_pool='map'), 64 + 1),
+    (dict(pos_embed='none', class_token=False, global_pool='avg'), 64),
+    (dict(fix_init=True), 64 + 1),
+], ids=['registers', 'no_embed_class', 'norms', 'attention_pool', 'no_position_embedding', 'fix_init'])
+def test_vit_options_work(kwargs, tokens):
+    model = small(**kwargs)
+    assert model.forward_features(images()).shape == (2, tokens, 192)
+    train_step(model)
+
+
+def test_dynamic_img_size_and_set_input_size():
+    model = small(dynamic_img_size=True).eval()
+    for size in (32, 40, 64):
+        assert model(images(size=size)).shape == (2, 10)
+    model = small().eval()
+    model.set_input_size(img_size=48)
+    assert model.pos_embed.shape == (1, 1 + 144, 192)
+    assert model(images(size=48)).shape == (2, 10)
+
+
+def test_pretrained_loading_adapts_size_channels_and_classes(tmp_path):
+    source = small()
+    path = tmp_path / 'checkpoint.pth'
+    torch.save({'state_dict': source.state_dict(), 'epoch': 3}, path)  # train.py's checkpoint format
+    model = timm.create_model(
+        'vit_hyperbf_tiny', depth=2, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)),
+        img_size=64, in_chans=1, num_classes=5,
+    )
+    assert model.pos_embed.shape == (1, 1 + 256, 192)
+    assert model.patch_embed.proj.weight.shape[1] == 1
+    torch.testing.assert_close(model.blocks[1].mlp.centers, source.blocks[1].mlp.centers)
+    assert model(torch.randn(2, 1, 64, 64)).shape == (2, 5)
+
+
+def test_no_weight_decay_covers_widths_centres_metrics_and_embeddings():
+    model = small(mahalanobis=True)
+    nwd = model.no_weight_decay()
+    names = dict(model.named_parameters())
+    assert {'pos_embed', 'cls_token'} <= nwd
+    expected = {n for n in names if n.endswith(('log_gamma', 'centers', 'metric'))}
+    assert len(expected) == 2 * (2 + 1 + 2)  # per block: 2 widths, 1 centre set, 2 metrics
+    assert expected <= nwd
+    opt = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.75)
+    no_decay = {id(p) for g in opt.param_groups if g['weight_decay'] == 0. for p in g['params']}
+    assert all(id(names[n]) in no_decay for n in expected)
+    assert len({g['lr_scale'] for g in opt.param_groups}) > 2  # group_matcher gives per-block layer decay
+
+
+# --- numerics --------------------------------------------------------------------------------------------------------
 
 def test_bf16_autocast_with_huge_inputs_has_no_nan_or_inf():
     model = small()
@@ -134,132 +207,77 @@ def test_widths_stay_positive_after_a_step_with_a_huge_learning_rate():
             assert (gamma > 0).all() and torch.isfinite(gamma).all(), name
 
 
-# --- timm model API --------------------------------------------------------------------------------------------------
-
-def test_forward_features_and_head():
-    model = small().eval()
-    feats = model.forward_features(images())
-    assert feats.shape == (2, 1 + 64, 192)
-    assert model.forward_head(feats, pre_logits=True).shape == (2, model.head_hidden_size)
-    torch.testing.assert_close(model.forward_head(feats), model(images()))
-
-
-def test_reset_classifier_and_get_classifier():
+@pytest.mark.parametrize('grad', [True, False], ids=['training', 'inference'])
+def test_forward_hooks_see_what_each_layer_returned(grad):
     model = small()
-    model.reset_classifier(5)
-    assert model.get_classifier().out_features == 5 and model(images()).shape == (2, 5)
-    model.reset_classifier(0, 'avg')
-    assert model(images()).shape == (2, 192) and model.global_pool == 'avg'
-    model.reset_classifier(0, '')
-    assert model(images()).shape == (2, 65, 192)
-
-
-def test_device_dtype_and_meta_construction():
-    model = timm.create_model('vit_hyperbf_tiny', depth=2, dtype=torch.float64)
-    assert {p.dtype for p in model.parameters()} == {torch.float64}
-    assert model(images().double()).dtype == torch.float64
-    meta = timm.create_model('vit_hyperbf_base_patch16_224', device='meta')
-    assert {p.device.type for p in meta.parameters()} == {'meta'}
+    kept = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(lambda m, args, out: kept.append((out, out.detach().clone())))
+    with torch.set_grad_enabled(grad):
+        model(images())
+    assert len(kept) == 2 * 3 + 1
+    assert all(torch.equal(out, copy) for out, copy in kept)
 
 
 def test_grad_checkpointing_gives_identical_outputs_and_gradients():
-    model = small(drop_path_rate=0.)
+    model = small()
     x = images()
-    out = model(x)
-    out.sum().backward()
+    model(x).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     model.set_grad_checkpointing(True)
-    out_ckpt = model(x)
-    out_ckpt.sum().backward()
-    torch.testing.assert_close(out_ckpt, out)
+    model(x).sum().backward()
     for a, b in zip((p.grad for p in model.parameters()), grads):
         torch.testing.assert_close(a, b)
 
 
-def test_no_weight_decay_covers_widths_centres_metrics_and_embeddings():
-    model = small(mahalanobis=True)
-    nwd = model.no_weight_decay()
-    names = dict(model.named_parameters())
-    assert {'pos_embed', 'cls_token'} <= nwd
-    expected = {n for n in names if n.endswith(('log_gamma', 'centers', 'metric'))}
-    assert len(expected) == 2 * 2 + 2 * 1 + 2 * 2  # per block: 2 widths, 1 centre set, 2 metrics
-    assert expected <= nwd and nwd <= set(names)
-    opt = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.75)
-    no_decay = {id(p) for g in opt.param_groups if g['weight_decay'] == 0. for p in g['params']}
-    assert all(id(names[n]) in no_decay for n in expected)
-    assert len({g['lr_scale'] for g in opt.param_groups}) > 2  # group_matcher gives per-block layer decay
+# --- compilers -------------------------------------------------------------------------------------------------------
 
-
-def test_set_input_size_and_dynamic_img_size():
-    model = small().eval()
-    model.set_input_size(img_size=48)
-    assert model.pos_embed.shape == (1, 1 + 144, 192)
-    assert model(images(size=48)).shape == (2, 10)
-    dynamic = small(dynamic_img_size=True).eval()
-    for size in (32, 40, 64):
-        assert dynamic(images(size=size)).shape == (2, 10)
-
-
-def test_pretrained_loading_adapts_size_channels_and_classes(tmp_path):
-    source = small()
-    path = tmp_path / 'checkpoint.pth'
-    torch.save({'state_dict': source.state_dict(), 'epoch': 3}, path)  # train.py's checkpoint format
-    model = timm.create_model(
-        'vit_hyperbf_tiny', depth=2, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)),
-        img_size=64, in_chans=1, num_classes=5,
-    )
-    assert model.pos_embed.shape == (1, 1 + 256, 192)
-    assert model.patch_embed.proj.weight.shape[1] == 1
-    torch.testing.assert_close(model.blocks[1].mlp.centers, source.blocks[1].mlp.centers)
-    assert model(torch.randn(2, 1, 64, 64)).shape == (2, 5)
-
-
-def test_checkpoint_path_round_trip(tmp_path):
-    source = small().eval()
-    path = tmp_path / 'model.pth'
-    torch.save(source.state_dict(), path)
-    loaded = timm.create_model('vit_hyperbf_tiny', depth=2, checkpoint_path=str(path)).eval()
-    torch.testing.assert_close(loaded(images()), source(images()))
-
-
-# --- intermediates and features ---------------------------------------------------------------------------------------
-
-def test_forward_intermediates():
-    model = small(depth=4).eval()
+def compiled_matches_eager(model, backend):
+    """Whole-graph torch.compile of ``model``: eval outputs, then a training step's loss and gradients."""
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     x = images()
-    final, inter = model.forward_intermediates(x)
-    torch.testing.assert_close(final, model.forward_features(x))
-    assert len(inter) == 4 and inter[0].shape == (2, 192, 8, 8)
-    tokens = model.forward_intermediates(x, indices=[0, -1], output_fmt='NLC', intermediates_only=True)
-    assert [t.shape for t in tokens] == [(2, 64, 192)] * 2
-    with_prefix = model.forward_intermediates(x, indices=1, return_prefix_tokens=True, intermediates_only=True)
-    assert with_prefix[0][1].shape == (2, 1, 192)
-    early = model.forward_intermediates(x, indices=[1], stop_early=True, intermediates_only=True)
-    torch.testing.assert_close(early[0], inter[1])
-    with pytest.raises(ValueError, match='out of range'):
-        model.forward_intermediates(x, indices=[7])
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    model.train()
+    losses, grads = [], []
+    for run in (compiled, model):
+        loss = torch.nn.functional.cross_entropy(run(x), torch.tensor([1, 2]))
+        loss.backward()
+        losses.append(loss)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad()
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-def test_prune_and_features_only():
-    model = small(depth=4).eval()
-    x = images()
-    full = model.forward_intermediates(x, indices=[1], intermediates_only=True)
-    assert model.prune_intermediate_layers([1]) == [1]
-    assert len(model.blocks) == 2 and isinstance(model.head, torch.nn.Identity)
-    torch.testing.assert_close(model.forward_intermediates(x, indices=[1], intermediates_only=True), full)
-    features = timm.create_model('vit_hyperbf_tiny', depth=4, features_only=True, out_indices=(1, 3)).eval()
-    maps = features(x)
-    assert [m.shape for m in maps] == [(2, 192, 8, 8)] * 2
-    assert features.feature_info.channels() == [192, 192] and features.feature_info.reduction() == [4, 4]
+@pytest.mark.parametrize('kwargs', [dict()] + OPTIONS, ids=['default'] + OPTION_IDS)
+def test_whole_graph_compile_captures_eval_and_a_training_step(kwargs):
+    """fullgraph=True raises on any graph break; aot_eager runs the captured forward and backward graphs as they are."""
+    compiled_matches_eager(small(depth=1, **kwargs), backend='aot_eager')
 
 
-@pytest.mark.parametrize('kwargs', [
-    dict(), dict(kernel='laplacian'), dict(mahalanobis=True), dict(mlp_normalized=True),
-    dict(class_token=False, global_pool='avg', init_values=1e-5),
-])
+def test_whole_graph_compile_with_inductor():
+    compiled_matches_eager(small(depth=1, embed_dim=48, num_heads=3), backend='inductor')
+
+
+@pytest.mark.parametrize('kwargs', [dict()] + OPTIONS, ids=['default'] + OPTION_IDS)
 def test_torchscript_matches_eager(kwargs):
     model = small(**kwargs).eval()
     scripted = torch.jit.script(model)
     with torch.no_grad():
         torch.testing.assert_close(scripted(images()), model(images()))
+
+
+def test_exportable_builds_take_the_reference_path():
+    model = timm.create_model('vit_hyperbf_tiny', depth=1, exportable=True)
+    assert not any(b.attn.fused_attn for b in model.blocks)
+    assert all(b.attn.fused_attn for b in small().blocks)
+
+
+def test_attention_widths_start_at_half_the_inverse_root_head_width_by_default():
+    model = small()
+    torch.testing.assert_close(model.blocks[0].attn.kernel.gamma(), torch.full((3,), 1 / (2 * math.sqrt(64))))

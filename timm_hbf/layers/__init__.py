@@ -3,18 +3,17 @@ from .depth_attention import (
     DepthAttention,
     DepthKey,
     depth_attend,
-    memory_slots,
+    depth_weights,
     normalized_entropy,
-    write_entry,
 )
 from .hyperbf_attention import HyperBFAttention
-from .hyperbf_kernel import KERNELS, HyperBFKernel, pairwise_sq_dist
+from .hyperbf_kernel import KERNELS, HyperBFKernel, log_gaussian
 from .hyperbf_mlp import HyperBFMlp
 from .prelu import PReLULinear, prelu_linear
 from .token_batchnorm import TokenBatchNorm
 
 __all__ = [
     'DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'HyperBFAttention', 'HyperBFKernel', 'HyperBFMlp', 'KERNELS',
-    'PReLULinear', 'TokenBatchNorm', 'depth_attend', 'memory_slots', 'normalized_entropy', 'pairwise_sq_dist',
-    'prelu_linear', 'write_entry',
+    'PReLULinear', 'TokenBatchNorm', 'depth_attend', 'depth_weights', 'log_gaussian', 'normalized_entropy',
+    'prelu_linear',
 ]

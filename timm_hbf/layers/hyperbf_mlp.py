@@ -6,14 +6,15 @@ with learned centres ``t_i``, one width ``gamma_i`` per centre and coefficients 
 become ``softmax_i(log K(x, t_i))``: attention of each token over a learned memory (memo Eq. 2).
 """
 import math
-from typing import Optional
+from typing import Optional, Type
 
 import torch
 from torch import nn
+from torch.jit import Final
 
 from .hyperbf_kernel import HyperBFKernel
 
-__all__ = ['HyperBFMlp']
+__all__ = ['HyperBFMlp', 'init_gamma']
 
 
 def init_gamma(dim: int, kernel: str, normalized: bool) -> float:
@@ -28,7 +29,11 @@ def init_gamma(dim: int, kernel: str, normalized: bool) -> float:
 
 
 class HyperBFMlp(nn.Module):
-    """A layer of HyperBF units with a linear readout.
+    """A layer of HyperBF units with a linear readout, in the place of timm's ``Mlp``.
+
+    Takes the arguments timm's ViT ``Block`` passes to its MLP: ``act_layer`` is accepted and unused (the kernel is
+    the units' nonlinearity), ``norm_layer`` normalises the unit activations before the readout (``scale_mlp_norm``),
+    ``bias`` is the readout's.
 
     Initialisation keeps every unit alive on LayerNorm'd inputs. Such inputs lie near the sphere of radius
     ``sqrt(D)``, and centres start as ``N(0, I)``, so ``||x - t||^2`` concentrates around ``2 D`` (within about
@@ -38,30 +43,36 @@ class HyperBFMlp(nn.Module):
     in ``x . t`` and sharpen as their widths are learned. Normalised units start at ``gamma = 1 / (2 sqrt(D))``, the
     scale of dot-product attention over the centres (see :func:`init_gamma`, also for the Laplacian).
 
-    The distance expansion makes the cost one ``linear`` of width ``num_centers`` plus the readout: that of an MLP
-    of the same hidden width.
+    The distance expansion makes the cost one matrix product of width ``num_centers`` plus the readout, that of an
+    MLP of the same hidden width; for training it keeps the input, its squared norm and the unit activations.
 
     Args:
         in_features: Input dimension ``D``.
         hidden_features: Number of centres (default ``in_features``).
         out_features: Output dimension (default ``in_features``).
+        act_layer: Unused; accepted as timm's ``Block`` passes it.
+        norm_layer: Norm over the unit activations before the readout (none by default).
+        bias: Bias ``b`` of the readout.
+        drop: Dropout on the unit activations and on the output.
         kernel: ``'gaussian'`` or ``'laplacian'``.
         mahalanobis: Learn a metric ``W^T W`` shared by the centres.
         normalized: Softmax over the centres instead of independent Gaussian units.
-        bias: Bias ``b`` of the readout.
-        drop: Dropout on the unit activations and on the output.
     """
+    normalized: Final[bool]
+    __jit_unused_properties__ = ['fc2']  # Python-side alias, not part of the scripted model
 
     def __init__(
             self,
             in_features: int,
             hidden_features: Optional[int] = None,
             out_features: Optional[int] = None,
+            act_layer: Optional[Type[nn.Module]] = None,
+            norm_layer: Optional[Type[nn.Module]] = None,
+            bias: bool = True,
+            drop: float = 0.,
             kernel: str = 'gaussian',
             mahalanobis: bool = False,
             normalized: bool = False,
-            bias: bool = True,
-            drop: float = 0.,
             device=None,
             dtype=None,
     ) -> None:
@@ -80,6 +91,7 @@ class HyperBFMlp(nn.Module):
             **dd,
         )
         self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(hidden_features, **dd) if norm_layer is not None else nn.Identity()
         self.readout = nn.Linear(hidden_features, out_features, bias=bias, **dd)
         self.drop2 = nn.Dropout(drop)
         self.reset_parameters()
@@ -88,18 +100,25 @@ class HyperBFMlp(nn.Module):
         nn.init.normal_(self.centers)
 
     def init_weights(self) -> None:
-        """Called by the model's weight init: centres keep their N(0, 1) init, unlike Linears."""
+        """Called by the ViT weight init: centres keep their N(0, 1) init, unlike Linears."""
         self.reset_parameters()
 
+    @property
+    def fc2(self) -> nn.Linear:
+        """The readout, by the name timm's ViT gives the last layer of an MLP (``fix_init`` rescales it)."""
+        return self.readout
+
     def activations(self, x: torch.Tensor) -> torch.Tensor:
-        """The unit activations ``K(x, t_i)`` (or their softmax when normalised): ``(..., D) -> (..., num_centers)``."""
-        if self.normalized:
-            return self.kernel.log_kernel_to_centers(x, self.centers).softmax(dim=-1)
-        return self.kernel.kernel_to_centers(x, self.centers)
+        """The unit activations ``K(x, t_i)`` (or their softmax when normalised): ``(..., D) -> (..., num_centers)``,
+        computed in float32 (or wider) and returned in the dtype of ``x``."""
+        log_k = self.kernel.log_kernel(
+            self.kernel.project(x), self.kernel.project(self.centers), self.kernel.gamma().unsqueeze(0))
+        return (log_k.softmax(dim=-1) if self.normalized else log_k.exp_()).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.activations(x)
         x = self.drop1(x)
+        x = self.norm(x)
         x = self.readout(x)
         x = self.drop2(x)
         return x

@@ -59,7 +59,10 @@ torch.fx.wrap('prelu_linear')  # a leaf for torch.fx, so that traced models keep
 class PReLULinear(nn.Module):
     """``Linear(PReLU(x))`` on ``(..., C)`` tokens, with one PReLU slope per channel (``nn.PReLU`` takes channels
     from dim 1, the token dim here). Slopes start at 0.25, as in ``nn.PReLU``. The PReLU output is recomputed in
-    the backward pass instead of kept: a layer costs no activation memory beyond its input."""
+    the backward pass instead of kept: a layer costs no activation memory beyond its input.
+
+    ``fc`` holds the linear map. Another module put in its place (a LoRA adapter from PEFT, a quantised linear layer)
+    is called on the PReLU output as it is, without the recomputation."""
 
     def __init__(
             self,
@@ -88,4 +91,7 @@ class PReLULinear(nn.Module):
         return self.fc.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            if type(self.fc) is not nn.Linear:
+                return self.fc(F.prelu(x.reshape(-1, x.shape[-1]), self.slope.to(x.dtype)).view(x.shape))
         return prelu_linear(x, self.slope, self.fc.weight, self.fc.bias)

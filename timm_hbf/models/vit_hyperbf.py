@@ -1,169 +1,83 @@
 """HyperBF Vision Transformer: "A Homogeneous Transformer Architecture" (Gan & Poggio, CBMM Memo 143, 2023).
 
-Both halves of every block are HyperBF units (memo Eq. 1):
+timm's ``VisionTransformer`` whose attention and MLP are HyperBF units: every block is timm's pre-norm ``Block``,
 
     x = x + HyperBFAttention(LayerNorm(x))        Gaussian kernel between queries and keys (Eq. 6)
-    x = x + HyperBFMlp(LayerNorm(x))              Gaussian kernel between tokens and learned centres (Eq. 7)
+    x = x + HyperBFMlp(LayerNorm(x))              Gaussian kernel between tokens and learned centres (Eq. 4, 7)
 
-The rest is a standard ViT: patch embedding, class token, learned position embedding, final norm, linear head.
-The 32 x 32 models use patch 4, the CIFAR setting of the memo; ``*_patch16_224`` models are the ImageNet-scale
-counterparts with the ViT-Ti/S/B widths. ``vit_hyperbf_memo143_patch4_32`` is the configuration the memo trained
-(Table 2): width 768, 4 blocks, 4 heads, 3000 centres, one attention width per layer.
+the block of the authors' code, with both residuals. Memo Eq. 1, ``y = x + HyperBF(LN(x + HyperBF(LN(x))))``, read
+literally adds only the second unit's output to the residual stream (the first one's reaches the output only through
+the second); the code the memo was trained with adds both, as above.
+
+The rest is timm's ViT, with all of its options (class and register tokens, position-embedding variants, pooling,
+``dynamic_img_size``, layer scale, ...). The 32 x 32 models use patch 4, the CIFAR setting of the memo;
+``*_patch16_224`` models are the ImageNet-scale counterparts with the ViT-Ti/S/B widths.
+``vit_hyperbf_memo143_patch4_32`` is the configuration the memo trained (Table 2): width 768, 4 blocks, 4 heads,
+3000 centres, one attention width per layer starting where the authors' code starts it.
 """
-from typing import Any, Dict, Optional, Tuple, Union
+import math
+from functools import partial
+from typing import Any, Dict, Optional, Set
 
 import torch
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
-from timm.layers import DropPath, LayerScale
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from torch import nn
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..layers import HyperBFAttention, HyperBFMlp
-from ._token_vit import CIFAR10_MEAN, CIFAR10_STD, TokenViT, checkpoint_filter_fn
 
-__all__ = ['HyperBFBlock', 'VisionTransformerHyperBF']
+__all__ = ['VisionTransformerHyperBF']
 
-class HyperBFBlock(nn.Module):
-    """Pre-norm block with both residuals (memo Eq. 1), optional layer scale and stochastic depth."""
-
-    def __init__(
-            self,
-            dim: int,
-            num_heads: int,
-            mlp_ratio: float = 4.,
-            qkv_bias: bool = True,
-            attn_gamma_per_head: bool = True,
-            kernel: str = 'gaussian',
-            mahalanobis: bool = False,
-            mlp_normalized: bool = False,
-            init_values: Optional[float] = None,
-            proj_drop: float = 0.,
-            attn_drop: float = 0.,
-            drop_path: float = 0.,
-            device=None,
-            dtype=None,
-    ) -> None:
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.attn = HyperBFAttention(
-            dim,
-            num_heads=num_heads,
-            qkv_bias=qkv_bias,
-            gamma_per_head=attn_gamma_per_head,
-            kernel=kernel,
-            mahalanobis=mahalanobis,
-            attn_drop=attn_drop,
-            proj_drop=proj_drop,
-            **dd,
-        )
-        self.ls1 = LayerScale(dim, init_values=init_values, **dd) if init_values else nn.Identity()
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.mlp = HyperBFMlp(
-            dim,
-            hidden_features=int(dim * mlp_ratio),
-            kernel=kernel,
-            mahalanobis=mahalanobis,
-            normalized=mlp_normalized,
-            drop=proj_drop,
-            **dd,
-        )
-        self.ls2 = LayerScale(dim, init_values=init_values, **dd) if init_values else nn.Identity()
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+# widths, centres and metrics: decay would pull the kernels towards zero width and the centres towards the origin
+NO_DECAY_PARAM_NAMES = ('log_gamma', 'centers', 'metric')
 
 
-class VisionTransformerHyperBF(TokenViT):
-    """Vision Transformer whose attention and MLP are HyperBF units.
+def _layer_class(cls: type, **defaults) -> type:
+    """``functools.partial(cls, **defaults)``, but a class: timm's ``Block`` takes its attention layer as a class
+    (it calls ``issubclass`` on it). Calling the result builds a plain ``cls``."""
+    class WithDefaults(cls):
+        def __new__(_, *args, **kwargs):
+            return cls(*args, **{**defaults, **kwargs})
+    return WithDefaults
+
+
+class VisionTransformerHyperBF(VisionTransformer):
+    """timm's ``VisionTransformer`` with HyperBF attention and HyperBF MLPs.
+
+    Takes every argument of ``VisionTransformer`` (``mlp_ratio`` sets the number of centres per MLP), and:
 
     Args:
-        img_size: Input image size.
-        patch_size: Patch size.
-        in_chans: Number of image channels.
-        num_classes: Number of classes of the head (0 for none).
-        global_pool: ``'token'`` (class token), ``'avg'`` (mean of patch tokens) or ``''`` (no pooling).
-        embed_dim: Token width.
-        depth: Number of blocks.
-        num_heads: Attention heads.
-        mlp_ratio: Centres per HyperBF MLP, as a multiple of ``embed_dim``.
-        qkv_bias: Bias on the q, k, v projection.
-        attn_gamma_per_head: One attention width per head (default) or one per layer (as the authors' code).
         kernel: ``'gaussian'`` (default) or ``'laplacian'`` for every HyperBF unit.
         mahalanobis: Learn a Mahalanobis metric in every HyperBF layer (identity at init).
         mlp_normalized: Softmax-normalised HyperBF MLP units (attention over learned centres).
-        init_values: Layer-scale init; None disables layer scale.
-        class_token: Prepend a class token.
-        dynamic_img_size: Accept any input size, resampling the position embedding on the fly.
-        dynamic_img_pad: Pad inputs whose size is not a multiple of the patch size.
-        drop_rate: Dropout before the head.
-        pos_drop_rate: Dropout after the position embedding.
-        proj_drop_rate: Dropout after the attention projection and in the HyperBF MLP.
-        attn_drop_rate: Dropout on the attention weights.
-        drop_path_rate: Stochastic depth rate, growing linearly to this value in the last block.
-        weight_init: ``''`` for the ViT init, ``'skip'`` to leave parameters uninitialised (weights loaded next).
+        attn_gamma_per_head: One attention width per head (default) or one per layer (as the authors' code).
+        attn_gamma_init: Initial attention width (default ``1 / (2 sqrt(head_dim))``, see ``HyperBFAttention``).
     """
 
     def __init__(
             self,
-            img_size: Union[int, Tuple[int, int]] = 224,
-            patch_size: Union[int, Tuple[int, int]] = 16,
-            in_chans: int = 3,
-            num_classes: int = 1000,
-            global_pool: str = 'token',
-            embed_dim: int = 768,
-            depth: int = 12,
-            num_heads: int = 12,
-            mlp_ratio: float = 4.,
-            qkv_bias: bool = True,
-            attn_gamma_per_head: bool = True,
             kernel: str = 'gaussian',
             mahalanobis: bool = False,
             mlp_normalized: bool = False,
-            init_values: Optional[float] = None,
-            class_token: bool = True,
-            dynamic_img_size: bool = False,
-            dynamic_img_pad: bool = False,
-            drop_rate: float = 0.,
-            pos_drop_rate: float = 0.,
-            proj_drop_rate: float = 0.,
-            attn_drop_rate: float = 0.,
-            drop_path_rate: float = 0.,
-            weight_init: str = '',
-            device=None,
-            dtype=None,
+            attn_gamma_per_head: bool = True,
+            attn_gamma_init: Optional[float] = None,
+            **kwargs,
     ) -> None:
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self._init_stem(
-            img_size, patch_size, in_chans, embed_dim, class_token, pos_drop_rate, dynamic_img_size, dynamic_img_pad,
-            **dd,
+        super().__init__(
+            attn_layer=_layer_class(
+                HyperBFAttention, kernel=kernel, mahalanobis=mahalanobis, gamma_per_head=attn_gamma_per_head,
+                gamma_init=attn_gamma_init),
+            mlp_layer=partial(HyperBFMlp, kernel=kernel, mahalanobis=mahalanobis, normalized=mlp_normalized),
+            **kwargs,
         )
-        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth grows linearly
-        self.blocks = nn.Sequential(*[
-            HyperBFBlock(
-                embed_dim,
-                num_heads,
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                attn_gamma_per_head=attn_gamma_per_head,
-                kernel=kernel,
-                mahalanobis=mahalanobis,
-                mlp_normalized=mlp_normalized,
-                init_values=init_values,
-                proj_drop=proj_drop_rate,
-                attn_drop=attn_drop_rate,
-                drop_path=dpr[i],
-                **dd,
-            )
-            for i in range(depth)
-        ])
-        self._init_head(num_classes, global_pool, drop_rate, depth, **dd)
-        self.init_weights(weight_init)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """timm's (position embedding, class and register tokens) and every HyperBF width, centre and metric."""
+        kernel_params = {n for n, _ in self.named_parameters() if n.rsplit('.', 1)[-1] in NO_DECAY_PARAM_NAMES}
+        return set(super().no_weight_decay()) | kernel_params
 
 
 def _create_vit_hyperbf(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerHyperBF:
@@ -236,11 +150,13 @@ def vit_hyperbf_base(pretrained: bool = False, **kwargs) -> VisionTransformerHyp
 
 @register_model
 def vit_hyperbf_memo143_patch4_32(pretrained: bool = False, **kwargs) -> VisionTransformerHyperBF:
-    """The CBMM Memo 143 configuration: 768 wide, 4 blocks, 4 heads, 3000 centres, one attention width per layer,
-    no qkv bias, patch 4 at 32 x 32."""
+    """The CBMM Memo 143 configuration: 768 wide, 4 blocks, 4 heads, 3000 centres, no qkv bias, patch 4 at 32 x 32;
+    one attention width per layer, starting at ``head_dim ** -0.5`` as in the authors' code (their learned scale,
+    which multiplies the squared distance). The MLP widths start at the data scale, not at the authors' 0.1, at which
+    every unit is numerically zero (see ``HyperBFMlp``)."""
     model_args = dict(
         patch_size=4, embed_dim=768, depth=4, num_heads=4, mlp_ratio=3000 / 768, qkv_bias=False,
-        attn_gamma_per_head=False,
+        attn_gamma_per_head=False, attn_gamma_init=1. / math.sqrt(768 // 4),
     )
     return _create_vit_hyperbf('vit_hyperbf_memo143_patch4_32', pretrained=pretrained, **dict(model_args, **kwargs))
 
