@@ -1,7 +1,10 @@
 """timm's own model tests, run against our models.
 
-The tests come from the sdist of the timm that is imported here (so of the version under test), downloaded from the
-package index at test time and unpacked in the system temp dir, outside this repository. Nothing of timm is copied.
+The tests come from the sdist of the timm that is imported here (so of the version under test): the archive that
+``TIMM_HBF_TIMM_SDIST`` names (a ``timm-VERSION.tar.gz``, or a folder holding it), else one downloaded from the
+package index, unpacked in the system temp dir (outside this repository), where later runs find it. Without either
+(offline), the tests skip saying how to provide it; on CI (``CI`` set), which has the index, they fail instead.
+Nothing of timm is copied.
 
 * ``test_models_py``: timm's ``tests/test_models.py`` in a subprocess that loads ``timm_hbf`` as a pytest plugin,
   selecting one family's models: forward, backward, cfg, TorchScript and fx tests.
@@ -19,6 +22,7 @@ import tempfile
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Optional
 
 import pytest
 import timm
@@ -26,6 +30,8 @@ import timm
 import timm_hbf
 
 pytestmark = pytest.mark.timm_suite
+
+SDIST_VARIABLE = 'TIMM_HBF_TIMM_SDIST'  # a timm-VERSION.tar.gz, or a folder holding it
 
 # Model families: timm module name == model name prefix.
 FAMILIES = ['vit_hyperbf', 'vit_qimia']
@@ -36,30 +42,22 @@ MODELS = [name for family in FAMILIES for name in timm.list_models(module=family
 PRUNE_MAX_SIZE = 64
 
 
-def _download_sdist(version: str) -> Path:
-    """Unpacked sdist of ``timm==version``, cached in the system temp dir."""
+def _timm_sdist(version: str) -> Path:
+    """Unpacked sdist of ``timm==version``, cached in the system temp dir (see the module docstring)."""
     root = Path(tempfile.gettempdir()) / 'timm_hbf-timm-sdists'
     sdist = root / f'timm-{version}'
+    given = _given_sdist(version)
     if (sdist / 'tests' / 'test_models.py').is_file():
         return sdist
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
-        cmd = [
-            sys.executable, '-m', 'pip', 'download', '--no-binary', ':all:', '--no-deps', f'timm=={version}', '-d', tmp,
-        ]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        archives = list(Path(tmp).glob('timm-*.tar.gz'))
-        if proc.returncode or not archives:
-            pytest.fail(
-                f'Could not download the sdist of timm {version} from the package index '
-                f'(needed for timm\'s test suite):\n$ {" ".join(cmd)}\n{proc.stdout[-3000:]}',
-                pytrace=False,
-            )
-        with tarfile.open(archives[0]) as tar:
+        archive = given or _download_sdist(version, Path(tmp))
+        with tarfile.open(archive) as tar:
             tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
         unpacked = Path(tmp) / f'timm-{version}'
         if not (unpacked / 'tests' / 'test_models.py').is_file():
-            pytest.fail(f'The sdist of timm {version} has no tests/test_models.py.', pytrace=False)
+            pytest.fail(f'{archive} has no timm-{version}/tests/test_models.py: it is no sdist of timm {version}.',
+                        pytrace=False)
         try:
             unpacked.rename(sdist)
         except OSError:  # unpacked meanwhile by a concurrent session
@@ -67,10 +65,45 @@ def _download_sdist(version: str) -> Path:
     return sdist
 
 
+def _given_sdist(version: str) -> Optional[Path]:
+    """The archive ``TIMM_HBF_TIMM_SDIST`` names for ``version``, None if the variable is not set."""
+    value = os.environ.get(SDIST_VARIABLE)
+    if not value:
+        return None
+    given, name = Path(value), f'timm-{version}.tar.gz'
+    archive = given / name if given.is_dir() else given
+    if archive.name != name or not archive.is_file():
+        pytest.fail(f'{SDIST_VARIABLE}={value} names no {name}, the sdist of the timm imported here. Point it to '
+                    f'that file, or to a folder holding it: {_download_hint(version)}', pytrace=False)
+    return archive
+
+
+def _download_sdist(version: str, folder: Path) -> Path:
+    """The sdist of ``timm==version``, downloaded from the package index into ``folder``; skips if it cannot be
+    (fails on CI, which has the index)."""
+    cmd = [sys.executable, '-m', 'pip', 'download', '--no-binary', ':all:', '--no-deps', '--timeout', '30',
+           '--retries', '1', f'timm=={version}', '-d', str(folder)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    archives = list(folder.glob('timm-*.tar.gz'))
+    if proc.returncode == 0 and archives:
+        return archives[0]
+    last_line = (proc.stdout.strip().splitlines() or ['no output'])[-1]
+    reason = (f"timm's test suite needs the sdist of timm {version}, which {SDIST_VARIABLE} does not name and the "
+              f'package index did not give ($ {" ".join(cmd)}: {last_line}). {_download_hint(version)}')
+    if os.environ.get('CI'):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+def _download_hint(version: str) -> str:
+    return (f'Where the index is reachable: pip download --no-binary :all: --no-deps timm=={version} -d DIR, then set '
+            f'{SDIST_VARIABLE}=DIR.')
+
+
 @pytest.fixture(scope='session')
 def timm_sdist() -> Path:
     """Root of the unpacked sdist of the imported timm version."""
-    return _download_sdist(timm.__version__)
+    return _timm_sdist(timm.__version__)
 
 
 @pytest.fixture(scope='session')

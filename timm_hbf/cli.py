@@ -6,9 +6,13 @@ import argparse
 import sys
 from typing import List, Optional
 
+import torch
+
 from .hub import HubError, push_to_hub, read_train_output, write_repo_folder
 
 __all__ = ['main']
+
+DTYPES = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -45,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument('--create-pr', action='store_true', help='open a pull request instead of committing')
     push.add_argument('--pytorch-bin', action='store_true',
                       help='also push pytorch_model.bin (pickled) for tools that cannot read safetensors')
+    push.add_argument('--dtype', choices=sorted(DTYPES),
+                      help='write the weights in this dtype (default: as in the checkpoint; bfloat16 halves the files, '
+                           'and timm loads them into float32 models)')
     push.add_argument('--dry-run', metavar='FOLDER',
                       help='write the files that would be pushed into the new folder FOLDER and push nothing')
     push.set_defaults(run=_push)
@@ -59,13 +66,14 @@ def _repo_id(value: str) -> str:
 
 def _push(args: argparse.Namespace) -> int:
     train = read_train_output(args.checkpoint, model_name=args.model, ema=args.ema)
+    dtype = DTYPES[args.dtype] if args.dtype else None
     if args.dry_run:
-        folder = write_repo_folder(train, args.dry_run, args.repo_id, args.label_names, args.pytorch_bin)
+        folder = write_repo_folder(train, args.dry_run, args.repo_id, args.label_names, args.pytorch_bin, dtype)
         print(f'Wrote {", ".join(sorted(p.name for p in folder.iterdir()))} to {folder}; nothing was pushed.')
         return 0
     info = push_to_hub(
         train, args.repo_id, label_names=args.label_names, private=args.private, revision=args.revision,
-        create_pr=args.create_pr, pytorch_bin=args.pytorch_bin,
+        create_pr=args.create_pr, pytorch_bin=args.pytorch_bin, dtype=dtype,
     )
     print(f'Pushed {train.checkpoint} to {info.pr_url or info.commit_url}')
     print(f"Load it with: timm.create_model('hf-hub:{info.repo_url.repo_id}@{info.oid}', pretrained=True)")

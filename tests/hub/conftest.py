@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../shared/datasets/ from the repo root
 PULL_SCRIPT = Path(__file__).with_name('pull_logits.py')
 REPO_ID = 'cifar/vit-hyperbf-tiny'
+HYPERBF, QIMIA = 'vit_hyperbf_tiny', 'vit_qimia_tiny'  # one model of each family
 CIFAR10_LABELS = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck']
 
 
@@ -50,14 +51,20 @@ def fresh_hub(hub):
 
 @pytest.fixture
 def hub_cache(fresh_hub, tmp_path, monkeypatch):
-    """huggingface_hub in this process talking to the loopback Hub, logged out; the path of its cache, empty. The
-    client reads its settings from the environment at import, so they are set on ``huggingface_hub.constants``."""
-    cache = tmp_path / 'hf-cache'
+    """huggingface_hub in this process talking to the loopback Hub, logged out; the path of its cache, empty."""
+    return use_hub(fresh_hub, tmp_path, monkeypatch)
+
+
+def use_hub(hub: FakeHub, home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point huggingface_hub in this process at ``hub``, logged out, with an empty cache in ``home``; returns the
+    cache. The client reads its settings from the environment at import, so they are set on
+    ``huggingface_hub.constants``."""
+    cache = home / 'hf-cache'
     for name, value in dict(
-            ENDPOINT=fresh_hub.endpoint,
-            HUGGINGFACE_CO_URL_TEMPLATE=fresh_hub.endpoint + '/{repo_id}/resolve/{revision}/{filename}',
+            ENDPOINT=hub.endpoint,
+            HUGGINGFACE_CO_URL_TEMPLATE=hub.endpoint + '/{repo_id}/resolve/{revision}/{filename}',
             HF_HUB_CACHE=str(cache),
-            HF_TOKEN_PATH=str(tmp_path / 'no-token'),
+            HF_TOKEN_PATH=str(home / 'no-token'),
             HF_HUB_OFFLINE=False,
             HF_HUB_DISABLE_XET=True,
     ).items():
@@ -85,12 +92,22 @@ def cifar10(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope='session')
 def train_run(cifar10, tmp_path_factory) -> Path:
-    """A train.py output folder of a short real training run (see :func:`train_like_train_py`), trained in one
-    thread: a checks-only run, and far faster than two threads on a busy machine."""
+    """A train.py output folder of a short real training run of vit_hyperbf_tiny (see :func:`train_like_train_py`),
+    trained in one thread: a checks-only run, and far faster than two threads on a busy machine."""
+    return _train_in_one_thread(cifar10, tmp_path_factory.mktemp('output') / 'train' / 'hbf-cifar10', HYPERBF)
+
+
+@pytest.fixture(scope='session')
+def qimia_train_run(cifar10, tmp_path_factory) -> Path:
+    """The same for vit_qimia_tiny."""
+    return _train_in_one_thread(cifar10, tmp_path_factory.mktemp('output') / 'train' / 'qimia-cifar10', QIMIA)
+
+
+def _train_in_one_thread(data: Path, output: Path, model: str) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return train_like_train_py(cifar10, tmp_path_factory.mktemp('output') / 'train' / 'hbf-cifar10')
+        return train_like_train_py(data, output, model)
     finally:
         torch.set_num_threads(threads)
 
@@ -102,12 +119,13 @@ def repo_folder(train_run, tmp_path_factory) -> Path:
     return write_repo_folder(read_train_output(train_run), folder, REPO_ID, label_names=CIFAR10_LABELS)
 
 
-def train_like_train_py(data: Path, output: Path, epochs: int = 4, steps: int = 3, batch_size: int = 32) -> Path:
-    """Train vit_hyperbf_tiny (2 blocks) for a few steps per epoch on CIFAR-10 images, leaving what timm's train.py
+def train_like_train_py(data: Path, output: Path, model: str = HYPERBF, epochs: int = 4, steps: int = 3,
+                        batch_size: int = 32) -> Path:
+    """Train ``model`` (2 blocks) for a few steps per epoch on CIFAR-10 images, leaving what timm's train.py
     leaves: checkpoints of CheckpointSaver (weights, EMA weights, optimizer, the argument namespace), ``args.yaml``
     and ``summary.csv`` (written by ``update_summary``, EMA metrics when there is an EMA, as train.py does)."""
     args = argparse.Namespace(
-        data_dir=str(data), dataset='', train_split='train', val_split='test', model='vit_hyperbf_tiny',
+        data_dir=str(data), dataset='', train_split='train', val_split='test', model=model,
         model_kwargs={'depth': 2}, pretrained=False, num_classes=10, gp=None, img_size=None, in_chans=None,
         input_size=None, crop_pct=None, mean=None, std=None, interpolation='', epochs=epochs, batch_size=batch_size,
         opt='adamw', lr=1e-3, weight_decay=0.05, sched='cosine', warmup_epochs=0, smoothing=0.1, drop=0.0,

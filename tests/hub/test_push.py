@@ -11,6 +11,7 @@ import timm
 import torch
 import yaml
 from huggingface_hub import HfApi, snapshot_download
+from safetensors.torch import load_file
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
 from timm_hbf.cli import main
@@ -136,6 +137,26 @@ def test_label_names_from_a_file(train_run, tmp_path):
     assert main(['push', str(train_run), '--repo-id', 'push/labels', f'@{tmp_path / "labels.txt"}',
                  '--dry-run', str(folder)]) == 0
     assert json.loads((folder / 'config.json').read_text())['label_names'] == CIFAR10_LABELS
+
+
+def test_dry_run_in_bfloat16_halves_the_weights_and_timm_loads_them_into_float32(train_run, cifar10, tmp_path):
+    full, half = tmp_path / 'float32', tmp_path / 'bfloat16'
+    assert main(['push', str(train_run), '--repo-id', 'push/bf16', '--dry-run', str(full)]) == 0
+    assert main(['push', str(train_run), '--repo-id', 'push/bf16', '--dtype', 'bfloat16', '--dry-run', str(half)]) == 0
+    weights = load_file(half / 'model.safetensors')
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    assert (half / 'model.safetensors').stat().st_size < 0.51 * (full / 'model.safetensors').stat().st_size
+
+    model = timm.create_model(f'local-dir:{half}', pretrained=True).eval()
+    exact = timm.create_model(f'local-dir:{full}', pretrained=True).eval()
+    state = model.state_dict()
+    assert all(state[k].dtype == torch.float32 and torch.equal(state[k], w.float()) for k, w in weights.items())
+    dataset = ImageDataset(str(cifar10 / 'test'), transform=create_transform(**resolve_data_config(model=model)))
+    images = torch.stack([dataset[i][0] for i in range(0, len(dataset), 10)])
+    with torch.no_grad():
+        logits, exact_logits = model(images), exact(images)
+    assert not torch.equal(logits, exact_logits)  # the weights were rounded ...
+    torch.testing.assert_close(logits, exact_logits, atol=0.05 * exact_logits.abs().max().item(), rtol=0.05)  # ... only
 
 
 def test_private_repo(logged_in, fresh_hub, train_run):

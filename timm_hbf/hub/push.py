@@ -1,10 +1,12 @@
 """Push a train.py checkpoint to the Hugging Face Hub as a timm model repo: ``config.json``, ``model.safetensors``
 and a model card with its training-curve image."""
+import json
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+import torch
 from huggingface_hub import CommitInfo, HfApi
 from timm.data import resolve_data_config
 from timm.models import save_for_hf
@@ -23,10 +25,12 @@ def write_repo_folder(
         repo_id: str,
         label_names: Optional[Sequence[str]] = None,
         pytorch_bin: bool = False,
+        dtype: Optional[torch.dtype] = None,
 ) -> Path:
     """Write the files of the model repo for ``train`` into the new folder ``folder``, all or nothing.
 
-    The files: ``config.json`` (architecture, model arguments, preprocessing of train.py's evaluation, label names),
+    The files: ``config.json`` (architecture, number of classes, model arguments, preprocessing of train.py's
+    evaluation, label names: what timm's ``create_model('hf-hub:...')`` and transformers' timm wrapper read),
     ``model.safetensors`` (and ``pytorch_model.bin`` with ``pytorch_bin``), ``README.md`` (the model card) and, when
     the run has a ``summary.csv``, the training curves it shows.
 
@@ -36,11 +40,15 @@ def write_repo_folder(
         repo_id: The repo the files are for (named in the model card).
         label_names: Class names, in classifier order.
         pytorch_bin: Also write the weights as a (pickled) ``pytorch_model.bin``, for tools without safetensors.
+        dtype: Write the floating-point weights in this dtype (default: as in the checkpoint); ``torch.bfloat16``
+            halves the files, and timm casts them back to the model's dtype when it loads them.
     """
     folder = Path(folder)
     if folder.exists():
         raise HubError(f'{folder} already exists: name a new folder.')
     model = train.create_model()
+    if dtype is not None:
+        model.to(dtype)
     if label_names is not None and len(label_names) != model.num_classes:
         raise HubError(f'{len(label_names)} label names for the {model.num_classes} classes of {train.checkpoint}.')
     # The preprocessing of train.py's evaluation; no tag: the registry's ('untrained') does not describe these weights.
@@ -56,6 +64,7 @@ def write_repo_folder(
             model_args=train.model_kwargs,
             safe_serialization='both' if pytorch_bin else True,
         )
+        _class_count_at_top_level(partial / 'config.json')
         if train.summary:
             plot_training_curves(train.summary, partial / CURVES_FILE, title=f'{repo_id} ({train.arch})',
                                  epoch=train.epoch)
@@ -67,6 +76,20 @@ def write_repo_folder(
     return folder
 
 
+def _class_count_at_top_level(config: Path) -> None:
+    """Keep the number of classes of ``config`` (a ``config.json`` of timm's ``save_for_hf``) out of its
+    ``model_args``, at the top level only.
+
+    timm reads it there and builds the head from it, so ``timm.create_model('hf-hub:...', num_classes=N)`` still
+    adapts the head; transformers' timm wrapper reads it there too, as ``num_labels``, and passes it to
+    ``timm.create_model`` beside ``model_args``, so a copy in ``model_args`` fails with "got multiple values for
+    keyword argument 'num_classes'". timm 1.0.31 writes that copy whatever ``model_args`` it is given.
+    """
+    content = json.loads(config.read_text())
+    content.get('model_args', {}).pop('num_classes', None)
+    config.write_text(json.dumps(content, indent=2))
+
+
 def push_to_hub(
         train: TrainOutput,
         repo_id: str,
@@ -75,6 +98,7 @@ def push_to_hub(
         revision: Optional[str] = None,
         create_pr: bool = False,
         pytorch_bin: bool = False,
+        dtype: Optional[torch.dtype] = None,
 ) -> CommitInfo:
     """Push ``train`` to the Hub repo ``repo_id`` in one commit (the files of :func:`write_repo_folder`).
 
@@ -89,12 +113,13 @@ def push_to_hub(
         revision: The branch to commit to (default: main).
         create_pr: Open a pull request with the commit instead of committing to the branch.
         pytorch_bin: Also push the weights as a (pickled) ``pytorch_model.bin``.
+        dtype: Push the floating-point weights in this dtype (default: as in the checkpoint).
     """
     api = HfApi(library_name='timm-hbf', library_version=__version__)
     epoch = f', epoch {train.epoch}' if train.epoch is not None else ''
     message = f'Add {train.arch} weights ({train.checkpoint.name}{epoch})'
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin)
+        folder = write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin, dtype)
         with hub_errors('Pushing to', repo_id, revision):
             repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
             if revision is not None:
