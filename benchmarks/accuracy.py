@@ -150,8 +150,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         command=' '.join(['accuracy.py', *given]),
         device=torch.cuda.get_device_name() if torch.cuda.is_available() and '--device' not in train_args
         else f'CPU ({platform.processor() or platform.machine()})',
-        versions=dict(torch=torch.__version__, timm=timm.__version__, timm_hbf=timm_hbf.__version__,
-                      python=platform.python_version()),
+        versions=dict(torch=torch.__version__, cuda=torch.version.cuda, timm=timm.__version__,
+                      timm_hbf=timm_hbf.__version__, python=platform.python_version()),
         val_per_class=args.val_per_class, runs=[],
     )
     env = dict(os.environ, PYTHONUNBUFFERED='1')
