@@ -14,13 +14,19 @@ size minus the resident size just before the model was built (parameters, gradie
 activations), with glibc's mmap threshold pinned at 128 KiB (``MALLOC_MMAP_THRESHOLD_``): every tensor of that size
 or more is then mapped on allocation and returned on free, so that the peak counts live tensors, as CUDA's does,
 and not heap memory that the allocator kept after frees (by default glibc raises the threshold as the program
-frees large blocks, and how much freed memory it keeps depends on the order of allocations). ``--json PATH``
-writes every round and the environment, and a bar chart beside it (``PATH`` with ``.png``).
+frees large blocks, and how much freed memory it keeps depends on the order of allocations).
 
-    python benchmarks/throughput.py --mixer                           # the README table (CPU)
-    python benchmarks/throughput.py --device cuda --amp --compile     # CUDA, bf16 autocast, torch.compile
+``--compiled`` also times every model under ``torch.compile``, in the same rounds, and reports it beside eager
+(compiled ratios are to the compiled ViT). Every row shows the multiply-accumulates of one image's forward pass
+(``torch.utils.flop_counter``) and the candidate's arithmetic ceiling, the ViT's MACs over its own: the throughput
+ratio a model would reach if it ran its arithmetic exactly as fast as the ViT runs its own. ``--json PATH`` writes
+every round and the environment, the Markdown table (``PATH`` with ``.md``) and a bar chart (``.png``).
+
+    python benchmarks/throughput.py --mixer --compiled                # the README table (CPU)
+    python benchmarks/throughput.py --device cuda --amp --compiled     # CUDA, bf16 autocast
 """
 import argparse
+import ast
 import json
 import math
 import os
@@ -33,6 +39,7 @@ from datetime import datetime, timezone
 
 import timm
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import timm_hbf
 from timm_hbf.models import VisionTransformerQimia
@@ -89,6 +96,29 @@ def mixer_args(dims: dict) -> dict:
 # label -> kwargs of timm.create_model for a baseline of the candidate's size; ratios are to REFERENCE
 REFERENCE, MIXER = 'timm ViT', 'timm MLP-Mixer'
 BASELINES = {REFERENCE: vit_args, MIXER: mixer_args}
+EXECUTIONS = ('eager', 'compiled')
+
+
+def executions(args) -> tuple:
+    """Eager, and compiled with ``--compiled``."""
+    return EXECUTIONS if args.compiled else EXECUTIONS[:1]
+
+
+class KeywordArguments(argparse.Action):
+    """``KEY=VALUE ...`` into a dict, values read as Python literals where they are one (as train.py's
+    ``--model-kwargs``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        kwargs = {}
+        for item in values:
+            key, sep, value = item.partition('=')
+            if not sep:
+                parser.error(f'{option_string} takes KEY=VALUE pairs, got {item!r}')
+            try:
+                kwargs[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                kwargs[key] = value
+        setattr(namespace, self.dest, kwargs)
 
 
 def build(spec: dict, device: str) -> torch.nn.Module:
@@ -129,18 +159,20 @@ def sync(device: str) -> None:
 
 
 def throughput(specs: dict, input_size: tuple, batch_size: int, train: bool, args) -> dict:
-    """Images/s of each model, interleaved over rounds; returns the median and all rounds."""
+    """Images/s of each model (keys ``(label, execution)``, execution ``'eager'`` or ``'compiled'``), interleaved
+    over rounds; returns the median and all rounds."""
     steps = {}
-    for name, spec in specs.items():
-        model = build(spec, args.device)
-        if args.compile:
-            model = torch.compile(model)
-        batch = torch.randn(batch_size, *input_size, device=args.device)
-        steps[name] = make_step(model, batch, train, args.amp)
-        for _ in range(args.warmup):
-            steps[name]()
-        sync(args.device)
-    rounds = {name: [] for name in specs}
+    for label, spec in specs.items():
+        for execution in executions(args):
+            model = build(spec, args.device)
+            if execution == 'compiled':
+                model = torch.compile(model)
+            batch = torch.randn(batch_size, *input_size, device=args.device)
+            steps[label, execution] = make_step(model, batch, train, args.amp)
+            for _ in range(args.warmup):
+                steps[label, execution]()
+            sync(args.device)
+    rounds = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
             step()  # untimed: the allocator and caches return to this model's state after another model's steps
@@ -153,12 +185,12 @@ def throughput(specs: dict, input_size: tuple, batch_size: int, train: bool, arg
     return {name: dict(median=statistics.median(r), rounds=r) for name, r in rounds.items()}
 
 
-def peak_memory(spec: dict, input_size: tuple, batch_size: int, train: bool, args) -> float:
+def peak_memory(spec: dict, input_size: tuple, batch_size: int, train: bool, compiled: bool, args) -> float:
     """Peak memory in MiB of a few steps of one model, measured in a fresh process."""
     spec = dict(spec, input_size=list(input_size))
     cmd = [sys.executable, __file__, '--measure-memory', json.dumps(spec), '--batch-size', str(batch_size),
            '--device', args.device] + (['--train'] if train else []) + (['--amp'] if args.amp else []) + \
-          (['--compile'] if args.compile else [])
+          (['--compiled'] if compiled else [])
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return float(out.strip().splitlines()[-1])
@@ -180,7 +212,7 @@ def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> float
     input_size = spec.pop('input_size')
     rss_before = reset_peak_rss()
     model = build(spec, args.device)
-    if args.compile:
+    if args.compiled:
         model = torch.compile(model)
     batch = torch.randn(batch_size, *input_size, device=args.device)
     if args.device == 'cuda':
@@ -194,6 +226,16 @@ def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> float
     return (proc_status_kib('VmHWM') - rss_before) / 2 ** 10
 
 
+def forward_macs(spec: dict, input_size: tuple) -> int:
+    """Multiply-accumulates of one image's forward pass, as torch's FLOP counter counts them (matrix products and
+    attention kernels; element-wise ops are not counted)."""
+    model = build(spec, 'cpu').eval()
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(torch.randn(1, *input_size))
+    return counter.get_total_flops() // 2
+
+
 def paired_ratio(rounds: list, reference_rounds: list) -> dict:
     """Median and range over rounds of each round's ratio to the reference's same round: a drift in machine load
     between rounds cancels in every ratio, which it does not in a ratio of medians."""
@@ -202,16 +244,25 @@ def paired_ratio(rounds: list, reference_rounds: list) -> dict:
 
 
 def markdown_table(results: list) -> str:
-    """One line per case, mode and model; ratios are to the ViT of the same case and mode."""
-    lines = ['| model | input/patch | mode | batch | img/s | ratio to ViT (range) | peak MiB | ratio to ViT |',
-             '|---|---|---|---|---|---|---|---|']
+    """One line per case, mode and model; ratios are to the ViT of the same case, mode and execution; "of ceiling" is
+    the throughput ratio over the arithmetic ceiling (the ViT's MACs over the model's)."""
+    shown_executions = [e for e in EXECUTIONS if any(e in m for r in results for m in r['models'].values())]
+    header, rule = '| model | input/patch | mode | batch | GMACs | ceiling |', '|---|---|---|---|---|---|'
+    for execution in shown_executions:
+        header += f' {execution} img/s | ratio to ViT (range) | of ceiling | peak MiB | ratio to ViT |'
+        rule += '---|---|---|---|---|'
+    lines = [header, rule]
     for r in results:
-        for label, e in r['models'].items():
-            low, high = e['throughput_ratio_range']
-            shown = f"`{label}`" if e['spec'].get('model_name') == r['model'] else label
-            lines.append(f"| {shown} | {r['input']} | {r['mode']} | {r['batch_size']} | {e['images_per_s']:.1f} | "
-                         f"{e['throughput_ratio']:.2f} ({low:.2f}-{high:.2f}) | {e['peak_mib']:.0f} | "
-                         f"{e['memory_ratio']:.2f} |")
+        for label, m in r['models'].items():
+            shown = f"`{label}`" if m['spec'].get('model_name') == r['model'] else label
+            line = f"| {shown} | {r['input']} | {r['mode']} | {r['batch_size']} | {m['macs'] / 1e9:.3f} | " \
+                   f"{m['ceiling']:.2f} |"
+            for execution in shown_executions:
+                x = m[execution]
+                low, high = x['throughput_ratio_range']
+                line += f" {x['images_per_s']:.1f} | {x['throughput_ratio']:.2f} ({low:.2f}-{high:.2f}) | " \
+                        f"{x['throughput_ratio'] / m['ceiling']:.2f} | {x['peak_mib']:.0f} | {x['memory_ratio']:.2f} |"
+            lines.append(line)
     return '\n'.join(lines)
 
 
@@ -226,18 +277,18 @@ def plot(results: list, env: dict, path: str) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
     for ax, r in zip(axes.T.flat, results):
         labels = list(r['models'])
-        ax.bar(range(len(labels)), [r['models'][k]['images_per_s'] for k in labels],
+        ax.bar(range(len(labels)), [r['models'][k]['eager']['images_per_s'] for k in labels],
                color=['tab:blue' if r['models'][k]['spec'].get('model_name') == r['model'] else 'tab:gray'
                       for k in labels])
         ax.set_xticks(range(len(labels)), [k.replace('timm ', '').replace(', ', '\n').replace('_', '_\n', 1)
                                            for k in labels], fontsize=7)
-        ax.set_title(f"{r['input']} {r['mode']}, batch {r['batch_size']}", fontsize=8)
+        ax.set_title(f"{r['input']} {r['mode']}, batch {r['batch_size']}, eager", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel('images/s')
     for ax in list(axes.T.flat)[len(results):]:
         ax.axis('off')
-    fig.suptitle(f"{env['device']}, {env['threads']} threads, torch {env['torch']}"
-                 f"{', bf16' if env['amp'] else ''}{', compile' if env['compile'] else ''}", fontsize=9)
+    fig.suptitle(f"{env['device']}, {env['threads']} threads, torch {env['torch']}{', bf16' if env['amp'] else ''}",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -246,10 +297,13 @@ def plot(results: list, env: dict, path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', help='candidate model names (default: the README cases)')
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=KeywordArguments, metavar='KEY=VALUE',
+                        help="keyword arguments for every candidate (e.g. depth=2); baselines follow its dimensions")
     parser.add_argument('--batch-size', type=int, help='batch size for every case (default: per case)')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
-    parser.add_argument('--compile', action='store_true', help='torch.compile every model')
+    parser.add_argument('--compiled', action='store_true',
+                        help='also time every model under torch.compile, reported beside eager')
     parser.add_argument('--mixer', action='store_true', help="add timm's MLP-Mixer of the same size to every case")
     parser.add_argument('--threads', type=int, help='torch CPU threads (default: torch default)')
     parser.add_argument('--warmup', type=int, default=3)
@@ -271,29 +325,37 @@ def main() -> None:
     results = []
     for name, cpu_bs, cuda_bs in cases:
         batch_size = (cuda_bs if args.device == 'cuda' else cpu_bs) or (256 if args.device == 'cuda' else 32)
-        meta_model = timm.create_model(name, device='meta')
+        meta_model = timm.create_model(name, device='meta', **args.model_kwargs)
         input_size = tuple(meta_model.pretrained_cfg['input_size'])
         dims = dimensions(meta_model)
-        specs = {name: dict(model_name=name),
-                 **{label: dict(kwargs, model_name=name) for label, kwargs in VARIANTS.get(name, {}).items()},
+        specs = {name: dict(args.model_kwargs, model_name=name),
+                 **{label: dict(args.model_kwargs, **kwargs, model_name=name)
+                    for label, kwargs in VARIANTS.get(name, {}).items()},
                  **{label: BASELINES[label](dims) for label in baselines}}
+        macs = {label: forward_macs(spec, input_size) for label, spec in specs.items()}
         for train in (False, True):
             speed = throughput(specs, input_size, batch_size, train, args)
-            memory = {label: peak_memory(spec, input_size, batch_size, train, args) for label, spec in specs.items()}
-            row = dict(
-                model=name, input=f"{dims['img_size']}/{dims['patch_size']}", mode='train' if train else 'infer',
-                batch_size=batch_size,
-                models={label: dict(spec=spec, images_per_s=speed[label]['median'], rounds=speed[label]['rounds'],
-                                    peak_mib=memory[label]) for label, spec in specs.items()},
-            )
-            for entry in row['models'].values():
-                ratio = paired_ratio(entry['rounds'], speed[REFERENCE]['rounds'])
-                entry['throughput_ratio'], entry['throughput_ratio_range'] = ratio['median'], ratio['range']
-                entry['memory_ratio'] = entry['peak_mib'] / memory[REFERENCE]
+            row = dict(model=name, input=f"{dims['img_size']}/{dims['patch_size']}", mode='train' if train else 'infer',
+                       batch_size=batch_size, models={})
+            for label, spec in specs.items():
+                row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=macs[REFERENCE] / macs[label])
+                for execution in executions(args):
+                    ratio = paired_ratio(speed[label, execution]['rounds'], speed[REFERENCE, execution]['rounds'])
+                    row['models'][label][execution] = dict(
+                        images_per_s=speed[label, execution]['median'], rounds=speed[label, execution]['rounds'],
+                        throughput_ratio=ratio['median'], throughput_ratio_range=ratio['range'],
+                        peak_mib=peak_memory(spec, input_size, batch_size, train, execution == 'compiled', args),
+                    )
+            for execution in executions(args):
+                reference = row['models'][REFERENCE][execution]['peak_mib']
+                for entry in row['models'].values():
+                    entry[execution]['memory_ratio'] = entry[execution]['peak_mib'] / reference
             results.append(row)
             print(f"{name} {row['mode']}: " + ', '.join(
-                f"{label} {e['images_per_s']:.1f} img/s ({e['throughput_ratio']:.3f}x), {e['peak_mib']:.0f} MiB "
-                f"({e['memory_ratio']:.3f}x)" for label, e in row['models'].items()), flush=True)
+                f"{label} {execution} {e[execution]['images_per_s']:.1f} img/s ({e[execution]['throughput_ratio']:.3f}x"
+                f", {e[execution]['throughput_ratio'] / e['ceiling']:.3f} of ceiling), {e[execution]['peak_mib']:.0f} "
+                f"MiB ({e[execution]['memory_ratio']:.3f}x)"
+                for label, e in row['models'].items() for execution in executions(args)), flush=True)
 
     env = dict(
         date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
@@ -305,17 +367,21 @@ def main() -> None:
         python=platform.python_version(),
         command=' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv),
         amp=args.amp,
-        compile=args.compile,
+        compiled=args.compiled,
         malloc_mmap_threshold=MMAP_THRESHOLD,
     )
-    print(f"\n{env['device']}, {env['threads']} threads, torch {env['torch']}, timm {env['timm']}"
-          f"{', bf16 autocast' if args.amp else ''}{', torch.compile' if args.compile else ''}\n")
-    print(markdown_table(results))
+    title = f"{env['device']}, {env['threads']} threads, torch {env['torch']}, timm {env['timm']}, {env['date']}" \
+            f"{', bf16 autocast' if args.amp else ''}"
+    table = markdown_table(results)
+    print(f'\n{title}\n\n{table}')
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, 'w') as f:
             json.dump(dict(environment=env, results=results), f, indent=2)
-        plot(results, env, os.path.splitext(args.json)[0] + '.png')
+        stem = os.path.splitext(args.json)[0]
+        with open(stem + '.md', 'w') as f:
+            f.write(f"`{env['command']}`\n\n{title}\n\n{table}\n")
+        plot(results, env, stem + '.png')
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
 """benchmarks/throughput.py: every candidate against timm's ViT (and MLP-Mixer) of the same size, in one run."""
 import importlib.util
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -42,30 +43,72 @@ def test_variants_are_valid_models():
             timm.create_model(name, device='meta', **kwargs)
 
 
-def test_a_run_writes_every_model_with_ratios_to_the_vit_and_a_plot(tmp_path, monkeypatch):
-    out = tmp_path / 'bench.json'
-    monkeypatch.setattr(sys, 'argv', [
-        'throughput.py', '--models', 'vit_hyperbf_tiny', '--batch-size', '2', '--warmup', '1', '--steps', '1',
-        '--rounds', '2', '--mixer', '--json', str(out)])
+def run(monkeypatch, *argv, variants=None):
+    """benchmarks/throughput.py's main() on ``argv``; returns the module."""
+    monkeypatch.setattr(sys, 'argv', ['throughput.py', *argv])
     bench = load_throughput()
-    monkeypatch.setattr(bench, 'VARIANTS', {'vit_hyperbf_tiny': {'vit_hyperbf_tiny, depth=2': dict(depth=2)}})
+    if variants is not None:
+        monkeypatch.setattr(bench, 'VARIANTS', variants)
     threads = torch.get_num_threads()
     try:
         bench.main()
     finally:
         torch.set_num_threads(threads)
+    return bench
+
+
+TINY_RUN = ('--models', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=2', '--batch-size', '2', '--warmup', '1',
+            '--steps', '1', '--rounds', '2')
+
+
+def test_a_run_writes_every_model_with_its_macs_ratios_table_and_plot(tmp_path, monkeypatch):
+    out = tmp_path / 'bench.json'
+    run(monkeypatch, *TINY_RUN, '--mixer', '--json', str(out),
+        variants={'vit_hyperbf_tiny': {'vit_hyperbf_tiny, depth=1': dict(depth=1)}})
     record = json.loads(out.read_text())
     assert [r['mode'] for r in record['results']] == ['infer', 'train']
     for row in record['results']:
-        assert list(row['models']) == ['vit_hyperbf_tiny', 'vit_hyperbf_tiny, depth=2', 'timm ViT', 'timm MLP-Mixer']
-        assert row['models']['vit_hyperbf_tiny, depth=2']['spec'] == dict(model_name='vit_hyperbf_tiny', depth=2)
-        assert row['models']['timm ViT']['throughput_ratio'] == 1.
-        assert row['models']['timm ViT']['throughput_ratio_range'] == [1., 1.]
-        assert row['models']['timm ViT']['memory_ratio'] == 1.
-        for entry in row['models'].values():
-            assert len(entry['rounds']) == 2 and entry['images_per_s'] > 0 and entry['peak_mib'] > 0
+        models = row['models']
+        assert list(models) == ['vit_hyperbf_tiny', 'vit_hyperbf_tiny, depth=1', 'timm ViT', 'timm MLP-Mixer']
+        assert models['vit_hyperbf_tiny']['spec'] == dict(model_name='vit_hyperbf_tiny', depth=2)
+        assert models['vit_hyperbf_tiny, depth=1']['spec'] == dict(model_name='vit_hyperbf_tiny', depth=1)
+        assert models['timm ViT']['spec']['depth'] == models['timm MLP-Mixer']['spec']['num_blocks'] == 2
+        for entry in models.values():
+            assert set(entry) == {'spec', 'macs', 'ceiling', 'eager'}
+            assert len(entry['eager']['rounds']) == 2 and entry['eager']['peak_mib'] > 0
+        # the baselines have the candidate's 2 blocks: half the arithmetic in one block, a ceiling about twice as high
+        full, shallow = models['vit_hyperbf_tiny'], models['vit_hyperbf_tiny, depth=1']
+        assert 1.7 < full['macs'] / shallow['macs'] < 2.1 and shallow['ceiling'] / full['ceiling'] > 1.7
+        assert 0.9 < full['ceiling'] < 1.1  # HyperBF units cost what the ViT's do
     assert record['environment']['command'].endswith('--mixer --json ' + str(out))
-    assert (tmp_path / 'bench.png').stat().st_size > 0
+    table = (tmp_path / 'bench.md').read_text()
+    assert '| `vit_hyperbf_tiny` | 32/4 | train | 2 |' in table and table.count('\n| timm ViT |') == 2
+    assert (tmp_path / 'bench.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_compiled_models_are_timed_beside_eager_against_the_compiled_vit(tmp_path, monkeypatch):
+    """With --compiled every model also runs under torch.compile (here its aot_eager backend, which compiles without
+    a C++ toolchain), and its ratios pair each round with the compiled ViT's."""
+    compiled, compile_with = [], torch.compile
+
+    def compile_(model):
+        compiled.append(type(model).__name__)
+        return compile_with(model, backend='aot_eager')
+
+    monkeypatch.setattr(torch, 'compile', compile_)
+    out = tmp_path / 'bench.json'
+    bench = load_throughput()
+    monkeypatch.setattr(bench, 'peak_memory', lambda *args: 1.)  # measured in fresh processes: see the eager test
+    monkeypatch.setattr(sys, 'argv', ['throughput.py', *TINY_RUN, '--compiled', '--json', str(out)])
+    bench.main()
+    assert sorted(compiled) == ['VisionTransformer', 'VisionTransformer', 'VisionTransformerHyperBF',
+                                'VisionTransformerHyperBF']  # one each for inference and training
+    for row in json.loads(out.read_text())['results']:
+        ours, vit = row['models']['vit_hyperbf_tiny'], row['models']['timm ViT']
+        ratios = [a / b for a, b in zip(ours['compiled']['rounds'], vit['compiled']['rounds'])]
+        assert ours['compiled']['throughput_ratio'] == pytest.approx(statistics.median(ratios))
+        assert ours['eager']['rounds'] != ours['compiled']['rounds']
+    assert 'compiled img/s' in (tmp_path / 'bench.md').read_text()
 
 
 def test_throughput_ratios_pair_each_round_with_the_same_round_of_the_vit():
@@ -88,6 +131,6 @@ def test_memory_is_measured_with_the_mmap_threshold_pinned(monkeypatch):
         return type('Done', (), {'stdout': 'building\n123.5\n'})()
 
     monkeypatch.setattr(throughput.subprocess, 'run', fake_run)
-    args = type('Args', (), dict(device='cpu', amp=False, compile=False))()
-    assert throughput.peak_memory({'model_name': 'vit_hyperbf_tiny'}, (3, 32, 32), 2, True, args) == 123.5
+    args = type('Args', (), dict(device='cpu', amp=False))()
+    assert throughput.peak_memory({'model_name': 'vit_hyperbf_tiny'}, (3, 32, 32), 2, True, False, args) == 123.5
     assert calls[0]['MALLOC_MMAP_THRESHOLD_'] == str(128 * 1024)

