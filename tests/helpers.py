@@ -29,6 +29,28 @@ def layer_normed(*shape: int, seed: int = 1234) -> torch.Tensor:
     return torch.nn.functional.layer_norm(torch.randn(*shape, generator=g) * 3 + 1, shape[-1:])
 
 
+def compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor, backend: str) -> None:
+    """``torch.compile(model, fullgraph=True)`` (which raises on any graph break) gives the eager outputs in eval, and
+    the eager loss and gradients in a training step (the same seed, so the same dropout masks)."""
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    model.train()
+    target = torch.arange(x.shape[0]) % model.num_classes
+    results = []
+    for run in (compiled, model):
+        torch.manual_seed(0)
+        loss = torch.nn.functional.cross_entropy(run(x), target)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        model.zero_grad(set_to_none=True)
+    (loss, grads), (eager_loss, eager_grads) = results
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-4, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
 def saved_activation_bytes(module, x):
     """Bytes of the distinct tensors (parameters aside) that autograd keeps for the backward pass of ``module(x)``."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}

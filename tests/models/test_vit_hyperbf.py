@@ -15,7 +15,7 @@ import timm_hbf  # noqa: F401  (registers the models)
 from timm_hbf.layers import HyperBFAttention, HyperBFMlp
 from timm_hbf.models import VisionTransformerHyperBF
 
-from ..helpers import legacy_checkpoint
+from ..helpers import compiled_matches_eager, legacy_checkpoint
 
 NAMES = [
     'vit_hyperbf_base', 'vit_hyperbf_base_patch16_224', 'vit_hyperbf_memo143_patch4_32', 'vit_hyperbf_small',
@@ -234,34 +234,14 @@ def test_grad_checkpointing_gives_identical_outputs_and_gradients():
 
 # --- compilers -------------------------------------------------------------------------------------------------------
 
-def compiled_matches_eager(model, backend):
-    """Whole-graph torch.compile of ``model``: eval outputs, then a training step's loss and gradients."""
-    compiled = torch.compile(model, fullgraph=True, backend=backend)
-    x = images()
-    model.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
-    model.train()
-    losses, grads = [], []
-    for run in (compiled, model):
-        loss = torch.nn.functional.cross_entropy(run(x), torch.tensor([1, 2]))
-        loss.backward()
-        losses.append(loss)
-        grads.append([p.grad.clone() for p in model.parameters()])
-        model.zero_grad()
-    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-
-
 @pytest.mark.parametrize('kwargs', [dict()] + OPTIONS, ids=['default'] + OPTION_IDS)
 def test_whole_graph_compile_captures_eval_and_a_training_step(kwargs):
     """fullgraph=True raises on any graph break; aot_eager runs the captured forward and backward graphs as they are."""
-    compiled_matches_eager(small(depth=1, **kwargs), backend='aot_eager')
+    compiled_matches_eager(small(depth=1, **kwargs), images(), 'aot_eager')
 
 
 def test_whole_graph_compile_with_inductor():
-    compiled_matches_eager(small(depth=1, embed_dim=48, num_heads=3), backend='inductor')
+    compiled_matches_eager(small(depth=1, embed_dim=48, num_heads=3), images(), 'inductor')
 
 
 @pytest.mark.parametrize('kwargs', [dict()] + OPTIONS, ids=['default'] + OPTION_IDS)

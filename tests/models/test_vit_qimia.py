@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
-from tests.helpers import ShapeRecorder, legacy_checkpoint
+from tests.helpers import ShapeRecorder, compiled_matches_eager, legacy_checkpoint, saved_activation_bytes
 from timm_hbf.models.vit_qimia import VisionTransformerQimia
 
 NAMES = [
@@ -266,26 +266,11 @@ def test_reads_match_plain_autograd(monkeypatch):
         torch.testing.assert_close(ours[name], p.grad, msg=name)
 
 
-def saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
-    """Bytes of the distinct storages (parameters aside) that autograd keeps for the backward pass."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    return sum(storages.values())
-
-
 def test_saved_activations_grow_linearly_with_depth():
     """Every layer adds the same bytes to what the backward pass keeps: reads keep no weights (L x tokens x heads,
     which would grow with the square of the depth) and share the entries they read."""
     x = images()
-    saved = [saved_bytes(small(depth=depth), x) for depth in (2, 4, 6)]
+    saved = [saved_activation_bytes(small(depth=depth), x) for depth in (2, 4, 6)]
     assert saved[2] - saved[1] == saved[1] - saved[0] > 0
 
 
@@ -495,36 +480,17 @@ def test_checkpoints_of_timm_hbf_0_1_load_and_give_their_logits(case):
 
 # --- torch.compile --------------------------------------------------------------------------------------------------
 
-def compiled_matches_eager(model: torch.nn.Module, backend: str) -> None:
-    """The whole model compiles into one graph (fullgraph), in eval and in a training step, and gives the eager
-    outputs and gradients (the same dropout masks: the same seed)."""
-    randomize_queries(model)
-    compiled = torch.compile(model, fullgraph=True, backend=backend)
-    x = images()
-    model.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
-    model.train()
-    results = []
-    for run in (compiled, model):
-        torch.manual_seed(0)
-        loss = F.cross_entropy(run(x), torch.tensor([0, 1]))
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-        model.zero_grad(set_to_none=True)
-    (loss, grads), (eager_loss, eager_grads) = results
-    torch.testing.assert_close(loss, eager_loss, rtol=1e-4, atol=1e-5)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-3, atol=1e-5, msg=name)
-
-
 @pytest.mark.parametrize('options', [{}, ALL_OPTIONS], ids=['default', 'every_option'])
 def test_compiles_whole_in_eval_and_training(options):
     """aot_eager captures the forward and backward graphs as inductor gets them, without compiling kernels."""
     torch._dynamo.reset()
-    compiled_matches_eager(small(depth=1, **dict(options, num_classes=2)), 'aot_eager')
+    model = small(depth=1, **dict(options, num_classes=2))
+    randomize_queries(model)
+    compiled_matches_eager(model, images(), 'aot_eager')
 
 
 def test_compiles_whole_with_inductor():
     torch._dynamo.reset()
-    compiled_matches_eager(small(depth=1, num_classes=2, **NARROW), 'inductor')
+    model = small(depth=1, num_classes=2, **NARROW)
+    randomize_queries(model)
+    compiled_matches_eager(model, images(), 'inductor')
