@@ -33,10 +33,10 @@ __all__ = ['DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'depth_attend', 'depth
 DEPTH_KERNELS = ('dot', 'gaussian')
 
 
-def _accumulation_dtype(query: torch.Tensor) -> torch.dtype:
-    """float32, or float64 for a float64 query: the dtype of logits, weights and the sum of values, whatever the
-    entries' dtype (bf16 under autocast)."""
-    return torch.promote_types(query.dtype, torch.float32)
+def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32, or float64 for float64 ``x``: the dtype of a read's logits, weights and sum of values (``x`` the
+    query), whatever the entries' dtype (bf16 under autocast)."""
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _block_diagonal(query: torch.Tensor) -> torch.Tensor:
@@ -54,7 +54,7 @@ def _entry_logits(key: torch.Tensor, query_columns: torch.Tensor, dtype: torch.d
 
 def _logits(query: torch.Tensor, key_entries: List[torch.Tensor]) -> torch.Tensor:
     """Logits of every entry, ``(L, B, N, H)``, in the accumulation dtype (entries shared by the batch broadcast)."""
-    dtype = _accumulation_dtype(query)
+    dtype = accumulation_dtype(query)
     columns = _block_diagonal(query)
     logits = [_entry_logits(k, columns, dtype) for k in key_entries]
     full = logits[0]

@@ -24,12 +24,11 @@ from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
+from ..data import CIFAR10_MEAN, CIFAR10_STD
 from ..layers import HyperBFAttention, HyperBFMlp
 
 __all__ = ['VisionTransformerHyperBF']
 
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 # widths, centres and metrics: decay would pull the kernels towards zero width and the centres towards the origin
 NO_DECAY_PARAM_NAMES = ('log_gamma', 'centers', 'metric')
 

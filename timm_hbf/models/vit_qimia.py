@@ -32,22 +32,16 @@ from timm.models.vision_transformer import checkpoint_filter_fn, init_weights_vi
 from torch import nn
 from torch.jit import Final
 
+from ..data import CIFAR10_MEAN, CIFAR10_STD
 from ..layers import DepthAttention, DepthKey, PReLULinear, TokenBatchNorm, normalized_entropy
+from ..layers.depth_attention import accumulation_dtype
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia']
 
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 VALUE_NORMS = ('layernorm', 'batchnorm')
 GLOBAL_POOLS = ('', 'token', 'avg')
 # depth-attention queries (decay would pull every read back to the uniform average) and Gaussian widths
 NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
-
-
-def _summation_dtype(x: torch.Tensor) -> torch.dtype:
-    """float32 (or wider): summaries of block memory add up in it, whatever the entries' dtype (bf16 under
-    autocast), as reads accumulate."""
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 class QimiaBlock(nn.Module):
@@ -116,7 +110,7 @@ class QimiaBlock(nn.Module):
         last (block-memory mode). The lists passed in are left as they are."""
         key, value = self.entry(self.body(self.read(key_entries, value_entries)))
         if self.summary_position > 0:
-            dtype = _summation_dtype(value)
+            dtype = accumulation_dtype(value)  # summaries add up as reads accumulate, in float32 or wider
             key = torch.lerp(key_entries[-1].to(dtype), key.to(dtype), 1. / (self.summary_position + 1))
             value = value_entries[-1].to(dtype) + value
             key_entries, value_entries = key_entries[:-1], value_entries[:-1]
