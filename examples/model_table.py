@@ -16,7 +16,8 @@ Columns:
   ``torch.utils.flop_counter.FlopCounterMode`` (FLOPs / 2). The count covers matrix products, the patch convolution
   and the fused ``scaled_dot_product_attention`` kernel (counted on CPU as well) as an inference forward runs it (on
   CPU the HyperBF key-norm term is then a mask rather than an extra channel, which changes no digit shown).
-  Element-wise ops (the HyperBF exponentials, norms, softmax) are not counted, as in timm's and fvcore's counts.
+  Element-wise ops (the HyperBF exponentials, norms, softmax, QIMIA's reads over depth) are not counted, as in timm's
+  and fvcore's counts.
 * img/s: images per second of the model's forward alone (no decoding or transforms), over all images of the split
   (or ``--limit``), after one untimed warm-up batch. On a shared CPU it moves with the machine's load; on a busy
   one, ``--threads 1`` can be several times faster than torch's default of one thread per core.

@@ -10,7 +10,9 @@ queries (the init) give every entry the same logit: every read starts as the uni
 
 The memory is two lists of tensors, keys ``(B, N, key_width)`` and values ``(B, N, dim)``; an entry shared by the
 batch (the position embedding, a learned null entry) may be ``(1, N, width)`` or ``(width,)``. A read never stacks
-the entries: it takes one matrix product per entry for the logits and accumulates the values entry by entry.
+the entries: it takes each entry's logits as per-head dot products and accumulates the values entry by entry, all
+element-wise, so that ``torch.compile`` fuses a read into a few loops over the tokens (its backward pass adds one
+small matrix product per entry, for the query's gradient).
 
 In training a read is :class:`_DepthRead`, which keeps for its backward pass (all through ``save_for_backward``) the
 query, the entries it read (tensors that the memory holds anyway) and, with the norm, its output and ``1 / std``; the
@@ -39,24 +41,15 @@ def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _block_diagonal(query: torch.Tensor) -> torch.Tensor:
-    """``(H, Dk) -> (H * Dk, H)``: column ``h`` holds ``q_h`` in head ``h``'s key channels and zeros elsewhere, so
-    that ``key @ result`` gives every head's logit in one matrix product."""
-    heads = query.shape[0]
-    eye = torch.eye(heads, dtype=query.dtype, device=query.device)
-    return (query.unsqueeze(-1) * eye.unsqueeze(1)).flatten(0, 1)
-
-
-def _entry_logits(key: torch.Tensor, query_columns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``q_h . k_h`` for one entry: ``(..., H * Dk), (H * Dk, H) -> (..., H)`` in ``dtype``."""
-    return key.matmul(query_columns.to(key.dtype)).to(dtype)
+def _entry_logits(key: torch.Tensor, query: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``q_h . k_h`` for one entry: ``(..., H * Dk), (H, Dk) -> (..., H)`` in ``dtype``."""
+    return (key.unflatten(-1, query.shape).to(dtype) * query.to(dtype)).sum(-1)
 
 
 def _logits(query: torch.Tensor, key_entries: List[torch.Tensor]) -> torch.Tensor:
     """Logits of every entry, ``(L, B, N, H)``, in the accumulation dtype (entries shared by the batch broadcast)."""
     dtype = accumulation_dtype(query)
-    columns = _block_diagonal(query)
-    logits = [_entry_logits(k, columns, dtype) for k in key_entries]
+    logits = [_entry_logits(k, query, dtype) for k in key_entries]
     full = logits[0]
     for s in logits:  # the logits of a batch entry: the shape the others broadcast to
         if s.dim() > full.dim() or s.numel() > full.numel():
@@ -132,19 +125,18 @@ class _DepthRead(torch.autograd.Function):
         for i in range(num):
             value = value_entries[i]
             grad_values.append((used[i].unsqueeze(-1) * grad).flatten(-2).sum_to_size(value.shape).to(value.dtype))
-            grad_used[i] = torch.einsum('...hd,...hd->...h', value.unflatten(-1, (heads, -1)).to(dtype), grad)
+            grad_used[i] = (value.unflatten(-1, (heads, -1)).to(dtype) * grad).sum(-1)
         grad_weights = grad_used if keep is None else grad_used * keep / (1. - ctx.drop)
         grad_logits = weights * (grad_weights - (weights * grad_weights).sum(0, keepdim=True))  # softmax backward
-        columns = _block_diagonal(query).to(dtype)
-        grad_columns = torch.zeros_like(columns)
+        query_c = query.to(dtype)
+        grad_query = torch.zeros_like(query_c)
         grad_keys = []
         for i in range(num):
             key = key_entries[i]
             grad_s = grad_logits[i].sum_to_size(key.shape[:-1] + (heads,))
-            grad_keys.append(grad_s.matmul(columns.t()).to(key.dtype))
-            grad_columns += key.reshape(-1, key.shape[-1]).t().to(dtype).mm(grad_s.reshape(-1, heads))
-        # the query is the diagonal blocks of the block-diagonal operand
-        grad_query = grad_columns.view(heads, -1, heads).diagonal(dim1=0, dim2=2).t().to(query.dtype)
+            grad_keys.append((grad_s.unsqueeze(-1) * query_c).flatten(-2).to(key.dtype))
+            grad_query += torch.einsum('...hd,...h->hd', key.unflatten(-1, (heads, -1)).to(dtype), grad_s)
+        grad_query = grad_query.to(query.dtype)
         return (grad_query, None, None, *grad_keys, *grad_values)
 
 
