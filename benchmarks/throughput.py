@@ -9,12 +9,15 @@ median over rounds of the ratio within a round, with its range over rounds. In e
 follow one untimed step of its own: on the CPU, the first step after another model's steps runs slower (the
 allocator's free memory and the caches hold that model's tensors), which would otherwise count against whichever
 model follows the most different one in the rotation. Peak memory is measured for
-each model in a fresh subprocess: on CUDA ``torch.cuda.max_memory_allocated``, on CPU (Linux) the peak resident set
-size minus the resident size just before the model was built (parameters, gradients, optimizer state and
-activations), with glibc's mmap threshold pinned at 128 KiB (``MALLOC_MMAP_THRESHOLD_``): every tensor of that size
-or more is then mapped on allocation and returned on free, so that the peak counts live tensors, as CUDA's does,
-and not heap memory that the allocator kept after frees (by default glibc raises the threshold as the program
-frees large blocks, and how much freed memory it keeps depends on the order of allocations).
+each model in a fresh subprocess, as the memory of a step: on CUDA ``torch.cuda.max_memory_allocated`` over steps
+after a first one; on CPU (Linux) the parameters, buffers and optimizer state, plus the peak resident set size of
+those steps above the resident size just before them (gradients, activations and temporaries). What the process
+itself holds (libraries, and under ``--compiled`` the compiler and its generated code, which can outweigh a small
+model's activations) is left out on both. glibc's mmap threshold is pinned at 128 KiB (``MALLOC_MMAP_THRESHOLD_``):
+every tensor of that size or more is then mapped on allocation and returned on free, so that the resident size
+counts live tensors, as CUDA's count does, and not heap memory that the allocator kept after frees (by default glibc
+raises the threshold as the program frees large blocks, and how much freed memory it keeps depends on the order of
+allocations).
 
 ``--compiled`` also times every model under ``torch.compile``, in the same rounds, and reports it beside eager
 (compiled ratios are to the compiled ViT). Every row shows the multiply-accumulates of one image's forward pass
@@ -36,6 +39,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from typing import Optional
 
 import timm
 import torch
@@ -146,10 +150,13 @@ def make_step(model: torch.nn.Module, batch: torch.Tensor, train: bool, amp: boo
     else:
         model.eval()
 
+        optimizer = None
+
         @torch.inference_mode()
         def step():
             with torch.autocast(device_type, dtype=torch.bfloat16, enabled=amp):
                 model(batch)
+    step.optimizer = optimizer  # for the memory measurement: the optimizer's state is held between steps
     return step
 
 
@@ -208,22 +215,35 @@ def reset_peak_rss() -> int:
     return proc_status_kib('VmRSS')
 
 
+def held_tensor_mib(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> float:
+    """MiB of the tensors a model holds between steps: parameters, buffers and the optimizer's state."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    if optimizer is not None:
+        tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors) / 2 ** 20
+
+
 def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> float:
+    """Peak memory of a step in MiB: the parameters, buffers and optimizer state, plus the step's peak above what the
+    process held just before it (gradients, activations, temporaries), measured over two steps after a first one (which
+    compiles a compiled model and creates the optimizer state). On CUDA, what ``max_memory_allocated`` counts."""
     input_size = spec.pop('input_size')
-    rss_before = reset_peak_rss()
     model = build(spec, args.device)
-    if args.compiled:
-        model = torch.compile(model)
     batch = torch.randn(batch_size, *input_size, device=args.device)
+    step = make_step(torch.compile(model) if args.compiled else model, batch, train, args.amp)
+    step()
+    sync(args.device)
     if args.device == 'cuda':
         torch.cuda.reset_peak_memory_stats()
-    step = make_step(model, batch, train, args.amp)
-    for _ in range(3):
+    else:
+        rss_between_steps = reset_peak_rss()
+    for _ in range(2):
         step()
     sync(args.device)
     if args.device == 'cuda':
         return torch.cuda.max_memory_allocated() / 2 ** 20
-    return (proc_status_kib('VmHWM') - rss_before) / 2 ** 10
+    step_peak = (proc_status_kib('VmHWM') - rss_between_steps) / 2 ** 10
+    return held_tensor_mib(model, step.optimizer) + step_peak
 
 
 def forward_macs(spec: dict, input_size: tuple) -> int:

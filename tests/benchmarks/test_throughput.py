@@ -134,3 +134,33 @@ def test_memory_is_measured_with_the_mmap_threshold_pinned(monkeypatch):
     args = type('Args', (), dict(device='cpu', amp=False))()
     assert throughput.peak_memory({'model_name': 'vit_hyperbf_tiny'}, (3, 32, 32), 2, True, False, args) == 123.5
     assert calls[0]['MALLOC_MMAP_THRESHOLD_'] == str(128 * 1024)
+
+
+def test_a_models_held_memory_is_its_parameters_buffers_and_optimizer_state():
+    bench = load_throughput()
+    model = timm.create_model('vit_qimia_tiny', depth=1, value_norm='batchnorm')  # BatchNorm: buffers too
+    step = bench.make_step(model, torch.randn(2, 3, 32, 32), train=True, amp=False)
+    step()
+    params = list(model.parameters())
+    numel = sum(p.numel() for p in params)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert buffer_bytes > 0
+    # AdamW keeps two moments of every parameter and a float32 step count per parameter tensor
+    expected = (3 * numel * 4 + 4 * len(params) + buffer_bytes) / 2 ** 20
+    assert bench.held_tensor_mib(model, step.optimizer) == pytest.approx(expected)
+    inference = bench.make_step(model, torch.randn(2, 3, 32, 32), train=False, amp=False)
+    assert inference.optimizer is None
+    assert bench.held_tensor_mib(model, None) == pytest.approx((numel * 4 + buffer_bytes) / 2 ** 20)
+
+
+def test_a_steps_memory_counts_what_the_model_holds_and_the_activations_of_its_batch():
+    """Measured in fresh processes: a larger batch costs its activations on top of the same held tensors."""
+    bench = load_throughput()
+    args = type('Args', (), dict(device='cpu', amp=False))()
+    spec = dict(model_name='vit_hyperbf_tiny', depth=2)
+    model = timm.create_model(**spec)
+    params_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2 ** 20
+    small, large = (bench.peak_memory(spec, (3, 32, 32), batch, True, False, args) for batch in (2, 64))
+    assert small >= 3 * params_mib  # parameters and AdamW's two moments, whatever the batch
+    # 62 more images keep at least their two blocks' MLP hidden activations (65 tokens x 768 channels, float32)
+    assert large - small > 62 * 65 * 768 * 4 * 2 / 2 ** 20
