@@ -41,15 +41,15 @@ def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _entry_logits(key: torch.Tensor, query: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``q_h . k_h`` for one entry: ``(..., H * Dk), (H, Dk) -> (..., H)`` in ``dtype``."""
-    return (key.unflatten(-1, query.shape).to(dtype) * query.to(dtype)).sum(-1)
+def _entry_logits(key: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """``q_h . k_h`` for one entry: ``(..., H * Dk), (H, Dk) -> (..., H)`` in the query's dtype."""
+    return (key.unflatten(-1, query.shape).to(query.dtype) * query).sum(-1)
 
 
 def _logits(query: torch.Tensor, key_entries: List[torch.Tensor]) -> torch.Tensor:
     """Logits of every entry, ``(L, B, N, H)``, in the accumulation dtype (entries shared by the batch broadcast)."""
-    dtype = accumulation_dtype(query)
-    logits = [_entry_logits(k, query, dtype) for k in key_entries]
+    query = query.to(accumulation_dtype(query))
+    logits = [_entry_logits(k, query) for k in key_entries]
     full = logits[0]
     for s in logits:  # the logits of a batch entry: the shape the others broadcast to
         if s.dim() > full.dim() or s.numel() > full.numel():
