@@ -11,7 +11,12 @@ __all__ = ['PReLULinear', 'prelu_linear']
 
 class _PReLULinear(torch.autograd.Function):
     """``linear(prelu(x, slope), weight, bias)`` over ``(M, C)`` rows. Saves only ``x`` (which the layer before
-    keeps anyway), not the PReLU output, and computes the PReLU gradients with plain element-wise kernels."""
+    keeps anyway), not the PReLU output, and computes the PReLU gradients with plain element-wise kernels.
+
+    The backward pass recomputes the PReLU as ``x + (slope - 1) min(x, 0)``, deliberately not as the forward's
+    ``F.prelu``: under ``torch.compile`` two identical expressions would be merged into one, and AOTAutograd's
+    partitioner would then keep the forward's PReLU output for the backward pass (two ``(M, C)`` tensors per
+    feed-forward block of QIMIA) instead of recomputing it from ``x``."""
 
     @staticmethod
     def forward(ctx, x, slope, weight, bias):
@@ -25,15 +30,15 @@ class _PReLULinear(torch.autograd.Function):
         x, slope, weight = ctx.saved_tensors
         dtype = ctx.compute_dtype
         x, slope_c, weight_c, grad = x.to(dtype), slope.to(dtype), weight.to(dtype), grad.to(dtype)
-        # two (M, C) tensors in all, reused in place: on the CPU, fresh large tensors cost more than the arithmetic
-        scratch = F.prelu(x, slope_c)  # recomputed
-        grad_weight = grad.t().mm(scratch)
+        negative = torch.clamp_max(x, 0)  # min(x, 0)
+        activation = torch.addcmul(x, negative, slope_c - 1)  # the PReLU output, recomputed
+        grad_weight = grad.t().mm(activation)
         grad_bias = grad.sum(0) if ctx.has_bias else None
         grad_act = grad.mm(weight_c)
-        grad_slope = torch.clamp_max(x, 0, out=scratch).mul_(grad_act).sum(0)  # sum of grad * min(x, 0)
-        # d prelu / dx = 1 + (1 - slope) sign(min(x, 0)): 1 where x >= 0, the slope where x < 0
-        factor = torch.clamp_max(x, 0, out=scratch).sign_().mul_(1 - slope_c).add_(1)
-        grad_x = grad_act.mul_(factor)
+        # sum of grad * min(x, 0); then d prelu / dx = 1 + (1 - slope) sign(min(x, 0)), 1 where x >= 0 and the slope
+        # where x < 0. Both in place, into tensors of this pass: three (M, C) tensors in all
+        grad_slope = torch.mul(grad_act, negative, out=activation).sum(0)
+        grad_x = grad_act.mul_(negative.sign_().mul_(1 - slope_c).add_(1))
         return (grad_x.to(ctx.input_dtype), grad_slope.to(slope.dtype), grad_weight.to(weight.dtype),
                 grad_bias.to(weight.dtype) if grad_bias is not None else None)
 
