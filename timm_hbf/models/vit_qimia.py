@@ -188,6 +188,8 @@ class VisionTransformerQimia(nn.Module):
             ``memory_block_size`` consecutive blocks (attention and feed-forward blocks count separately) are merged
             into one summary, values summed and keys averaged, so that reads attend over the stem's entries, the
             finished summaries and the current one. 1 (the default) keeps every entry: QIMIA as in the report.
+            Under ``torch.compile`` choose 5: inductor adds a summary of up to four members inside every later read,
+            which keeps the members alive (README, "Speed and memory").
         class_token: Prepend a class token.
         dynamic_img_size: Accept any input size, resampling the position embedding on the fly.
         dynamic_img_pad: Pad inputs whose size is not a multiple of the patch size.
