@@ -15,8 +15,8 @@ class _PReLULinear(torch.autograd.Function):
 
     The backward pass recomputes the PReLU as ``x + (slope - 1) min(x, 0)``, deliberately not as the forward's
     ``F.prelu``: under ``torch.compile`` two identical expressions would be merged into one, and AOTAutograd's
-    partitioner would then keep the forward's PReLU output for the backward pass (two ``(M, C)`` tensors per
-    feed-forward block of QIMIA) instead of recomputing it from ``x``."""
+    partitioner would then keep the forward's PReLU output for the backward pass (in QIMIA, the two PReLU outputs of
+    every block's key and value paths) instead of recomputing it from ``x``."""
 
     @staticmethod
     def forward(ctx, x, slope, weight, bias):
