@@ -1,6 +1,8 @@
 """Shared test helpers."""
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -76,3 +78,11 @@ def legacy_checkpoint(case: str) -> Tuple[str, Dict[str, Any], Dict[str, torch.T
     tensors = load_file(LEGACY_DIR / f'{case}.safetensors')
     state_dict = {k[len('state_dict.'):]: v for k, v in tensors.items() if k.startswith('state_dict.')}
     return spec['model'], spec['kwargs'], state_dict, tensors['test.images'], tensors['test.logits']
+
+
+def load_module(path: Path) -> ModuleType:
+    """A script of the repository (``benchmarks/``, ``examples/``) imported as a module named after its file."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,13 +4,14 @@ train, and validate.py measures it once on the test split.
 timm's train.py and validate.py are not installed with timm, so these tests give the driver two stand-ins that
 record their arguments and write what the real scripts write (``args.yaml``, ``summary.csv``, a checkpoint, the
 results JSON)."""
-import importlib.util
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ('cat', 'dog', 'ship')
@@ -43,10 +44,7 @@ Path(argv[argv.index('--results-file') + 1]).write_text(json.dumps({'top1': 33.2
 
 
 def load_accuracy():
-    spec = importlib.util.spec_from_file_location('accuracy', ROOT / 'benchmarks' / 'accuracy.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / 'benchmarks' / 'accuracy.py')
 
 
 @pytest.fixture

@@ -1,20 +1,18 @@
 """benchmarks/attention.py: HyperBF's attention layer and core against timm's Attention and SDPA, in paired rounds,
 with each HyperBF contender checked against the formula; rehearsed on the CPU at tiny sizes (``--quick``)."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import load_module
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_attention():
-    spec = importlib.util.spec_from_file_location('attention', ROOT / 'benchmarks' / 'attention.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / 'benchmarks' / 'attention.py')
 
 
 @pytest.fixture

@@ -1,17 +1,15 @@
 """benchmarks/block_memory.py: QIMIA's block memory against depth, beside timm's ViT, in fresh processes."""
-import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_block_memory():
-    spec = importlib.util.spec_from_file_location('block_memory', ROOT / 'benchmarks' / 'block_memory.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / 'benchmarks' / 'block_memory.py')
 
 
 def test_a_run_measures_every_block_size_and_depth_beside_the_vit(tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ JSON), throughput.py and attention.py (their JSON, Markdown and plot). Everythin
 the runs in background processes, ``timm-hbf push --dry-run --dtype bfloat16`` writes the weights, pytest runs a
 test module, and the packed files are unpacked and loaded with timm.
 """
-import importlib.util
 import json
 import sys
 import tarfile
@@ -19,6 +18,8 @@ import pytest
 import timm
 import torch
 from safetensors.torch import load_file
+
+from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../shared/datasets/ from the repo root
@@ -112,10 +113,7 @@ def test_of_cuda_kernels():
 
 
 def load_gpu():
-    spec = importlib.util.spec_from_file_location('gpu', ROOT / 'benchmarks' / 'gpu.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / 'benchmarks' / 'gpu.py')
 
 
 def write(path: Path, text: str) -> Path:

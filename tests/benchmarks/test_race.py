@@ -1,20 +1,18 @@
 """benchmarks/race.py: the CPU accuracy race writes every run, mean +- std over seeds and the ratio to the ViT."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import load_module
+
 ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'
 
 
 def load_race():
-    spec = importlib.util.spec_from_file_location('race', ROOT / 'benchmarks' / 'race.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / 'benchmarks' / 'race.py')
 
 
 def test_summary_is_mean_and_sample_std_over_seeds_with_the_ratio_to_the_vit():

@@ -1,5 +1,4 @@
 """benchmarks/throughput.py: every candidate against timm's ViT (and MLP-Mixer) of the same size, in one run."""
-import importlib.util
 import json
 import statistics
 import sys
@@ -9,14 +8,13 @@ import pytest
 import timm
 import torch
 
+from tests.helpers import load_module
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_throughput():
-    spec = importlib.util.spec_from_file_location('throughput', ROOT / 'benchmarks' / 'throughput.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / 'benchmarks' / 'throughput.py')
 
 
 @pytest.mark.parametrize('name', ['vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_hyperbf_tiny_patch16_224'])

@@ -1,7 +1,6 @@
 """examples/classify_cifar10.py on a Hub-ready folder made from a short training run (bf16 weights, as the weights
 stage of benchmarks/gpu.py writes them): real CIFAR-10 test images, the class names of config.json, and the
 predictions of the weights."""
-import importlib.util
 import tarfile
 from pathlib import Path
 from typing import Tuple
@@ -13,6 +12,7 @@ import yaml
 from PIL import Image
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
+from tests.helpers import load_module
 from timm_hbf.hub import read_train_output, write_repo_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,10 +24,7 @@ pytestmark = pytest.mark.skipif(not MINI.exists(), reason=f'mini CIFAR-10 archiv
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location('classify_cifar10', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def train_briefly(data: Path, run_dir: Path) -> Path:

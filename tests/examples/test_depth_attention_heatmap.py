@@ -1,10 +1,11 @@
 """examples/depth_attention_heatmap.py: the depth-attention matrix of a QIMIA model, drawn from real test images."""
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / 'examples'
@@ -14,10 +15,7 @@ MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../sh
 @pytest.fixture
 def heatmap_script(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))  # the script imports its neighbour train_cifar10
-    spec = importlib.util.spec_from_file_location('depth_attention_heatmap', EXAMPLES / 'depth_attention_heatmap.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
+    yield load_module(EXAMPLES / 'depth_attention_heatmap.py')
     sys.modules.pop('train_cifar10', None)
 
 

@@ -1,11 +1,12 @@
 """examples/model_table.py on the mini CIFAR-10 test split: every model of ours gets a sensible row."""
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import timm
 import torch
+
+from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / 'examples' / 'model_table.py'
@@ -14,10 +15,7 @@ ROW = re.compile(r'^\| `(\w+)` \| ([\d.]+) \| ([\d.]+) \| (\d+x\d+) \|(?: ([\d.]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location('model_table', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def table_rows(text: str) -> dict:

@@ -1,6 +1,5 @@
 """examples/train_cifar10.py on the mini CIFAR-10 archive, with a tiny budget: it trains, saves a checkpoint that
 ``timm.create_model(..., checkpoint_path=...)`` loads, and prints the accuracy of that loaded model."""
-import importlib.util
 import re
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from timm.data import create_dataset, create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Subset
 
 import timm_hbf  # noqa: F401  (registers the models)
+from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / 'examples' / 'train_cifar10.py'
@@ -19,10 +19,7 @@ MODELS = ['vit_hyperbf_tiny', 'vit_qimia_tiny']
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location('train_cifar10', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 @pytest.fixture
