@@ -5,19 +5,13 @@ Every figure is the memory of a step as ``benchmarks/throughput.py`` measures it
 parameters, buffers and optimizer state plus the step's peak above what the process held before it). ``--json PATH``
 writes the results and the environment, and the Markdown table beside it (``.md``).
 
-    python benchmarks/block_memory.py --depths 12 24 --block-sizes 1 4 6 --compiled --json PATH
+    python benchmarks/block_memory.py --compiled --json PATH        # the README table (depths 12, 24; n 1, 4, 5, 8)
 """
 import argparse
-import json
 import os
-import platform
 import sys
-from datetime import datetime, timezone
 
 import timm
-import torch
-
-import timm_hbf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import throughput  # noqa: E402  (benchmarks/ is not a package)
@@ -58,7 +52,7 @@ def markdown_table(rows: list, executions: tuple) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--depths', type=int, nargs='+', default=[12, 24])
-    parser.add_argument('--block-sizes', type=int, nargs='+', default=[1, 4, 6])
+    parser.add_argument('--block-sizes', type=int, nargs='+', default=[1, 4, 5, 8])
     parser.add_argument('--batch-size', type=int, default=128)
     parser.add_argument('--train', action='store_true', help='a training step (default: inference)')
     parser.add_argument('--device', default='cpu')
@@ -68,28 +62,13 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = measure(args)
-    env = dict(
-        date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
-        device=torch.cuda.get_device_name() if args.device == 'cuda' else platform.processor() or platform.machine(),
-        torch=torch.__version__,
-        timm=timm.__version__,
-        timm_hbf=timm_hbf.__version__,
-        python=platform.python_version(),
-        command=' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv),
-        mode='train' if args.train else 'infer',
-        batch_size=args.batch_size,
-        amp=args.amp,
-    )
+    env = dict(throughput.environment(args), mode='train' if args.train else 'infer', batch_size=args.batch_size)
     table = markdown_table(rows, throughput.executions(args))
     title = f"{env['device']}, torch {env['torch']}, timm {env['timm']}, {env['mode']}, batch {args.batch_size}, " \
             f"{env['date']}"
     print(f'\n{title}\n\n{table}')
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, 'w') as f:
-            json.dump(dict(environment=env, results=rows), f, indent=2)
-        with open(os.path.splitext(args.json)[0] + '.md', 'w') as f:
-            f.write(f"`{env['command']}`\n\n{title}\n\n{table}\n")
+        throughput.write_results(args.json, env, rows, f'{title}\n\n{table}')
 
 
 if __name__ == '__main__':

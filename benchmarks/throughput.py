@@ -314,6 +314,32 @@ def plot(results: list, env: dict, path: str) -> None:
     plt.close(fig)
 
 
+def environment(args) -> dict:
+    """Where and how a benchmark ran: date, device, threads, versions, its command line and settings."""
+    return dict(
+        date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
+        device=torch.cuda.get_device_name() if args.device == 'cuda' else platform.processor() or platform.machine(),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        timm=timm.__version__,
+        timm_hbf=timm_hbf.__version__,
+        python=platform.python_version(),
+        command=' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv),
+        amp=args.amp,
+        compiled=args.compiled,
+        malloc_mmap_threshold=MMAP_THRESHOLD,
+    )
+
+
+def write_results(path: str, env: dict, results: list, text: str) -> None:
+    """``path``: the environment and the results as JSON; beside it (``.md``) the command and ``text``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump(dict(environment=env, results=results), f, indent=2)
+    with open(os.path.splitext(path)[0] + '.md', 'w') as f:
+        f.write(f"`{env['command']}`\n\n{text}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', help='candidate model names (default: the README cases)')
@@ -377,31 +403,14 @@ def main() -> None:
                 f"MiB ({e[execution]['memory_ratio']:.3f}x)"
                 for label, e in row['models'].items() for execution in executions(args)), flush=True)
 
-    env = dict(
-        date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
-        device=torch.cuda.get_device_name() if args.device == 'cuda' else platform.processor() or platform.machine(),
-        threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        timm=timm.__version__,
-        timm_hbf=timm_hbf.__version__,
-        python=platform.python_version(),
-        command=' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv),
-        amp=args.amp,
-        compiled=args.compiled,
-        malloc_mmap_threshold=MMAP_THRESHOLD,
-    )
+    env = environment(args)
     title = f"{env['device']}, {env['threads']} threads, torch {env['torch']}, timm {env['timm']}, {env['date']}" \
             f"{', bf16 autocast' if args.amp else ''}"
     table = markdown_table(results)
     print(f'\n{title}\n\n{table}')
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, 'w') as f:
-            json.dump(dict(environment=env, results=results), f, indent=2)
-        stem = os.path.splitext(args.json)[0]
-        with open(stem + '.md', 'w') as f:
-            f.write(f"`{env['command']}`\n\n{title}\n\n{table}\n")
-        plot(results, env, stem + '.png')
+        write_results(args.json, env, results, f'{title}\n\n{table}')
+        plot(results, env, os.path.splitext(args.json)[0] + '.png')
 
 
 if __name__ == '__main__':
