@@ -12,7 +12,7 @@ The memory is two lists of tensors, keys ``(B, N, key_width)`` and values ``(B, 
 batch (the position embedding, a learned null entry) may be ``(1, N, width)`` or ``(width,)``. A read never stacks
 the entries: it takes each entry's logits as per-head dot products and accumulates the values entry by entry, all
 element-wise, so that ``torch.compile`` fuses a read into a few loops over the tokens (its backward pass adds one
-small matrix product per entry, for the query's gradient).
+reduction over the tokens, for the query's gradient).
 
 In training a read is :class:`_DepthRead`, which keeps for its backward pass (all through ``save_for_backward``) the
 query, the entries it read (tensors that the memory holds anyway) and, with the norm, its output and ``1 / std``; the
@@ -129,14 +129,17 @@ class _DepthRead(torch.autograd.Function):
         grad_weights = grad_used if keep is None else grad_used * keep / (1. - ctx.drop)
         grad_logits = weights * (grad_weights - (weights * grad_weights).sum(0, keepdim=True))  # softmax backward
         query_c = query.to(dtype)
-        grad_query = torch.zeros_like(query_c)
         grad_keys = []
         for i in range(num):
             key = key_entries[i]
             grad_s = grad_logits[i].sum_to_size(key.shape[:-1] + (heads,))
             grad_keys.append((grad_s.unsqueeze(-1) * query_c).flatten(-2).to(key.dtype))
-            grad_query += torch.einsum('...hd,...h->hd', key.unflatten(-1, (heads, -1)).to(dtype), grad_s)
-        grad_query = grad_query.to(query.dtype)
+        # the query's gradient sum_i sum_tokens ds_i k_i: accumulated over the entries token by token, element-wise
+        # like the rest of the read, then one reduction over the tokens (not one reduction per entry)
+        moment = grad_logits[0].unsqueeze(-1) * key_entries[0].unflatten(-1, (heads, -1)).to(dtype)
+        for i in range(1, num):
+            moment.addcmul_(grad_logits[i].unsqueeze(-1), key_entries[i].unflatten(-1, (heads, -1)).to(dtype))
+        grad_query = moment.sum_to_size(query_c.shape).to(query.dtype)
         return (grad_query, None, None, *grad_keys, *grad_values)
 
 
