@@ -22,8 +22,14 @@ allocations).
 ``--compiled`` also times every model under ``torch.compile``, in the same rounds, and reports it beside eager
 (compiled ratios are to the compiled ViT). Every row shows the multiply-accumulates of one image's forward pass
 (``torch.utils.flop_counter``) and the candidate's arithmetic ceiling, the ViT's MACs over its own: the throughput
-ratio a model would reach if it ran its arithmetic exactly as fast as the ViT runs its own. ``--json PATH`` writes
-every round and the environment, the Markdown table (``PATH`` with ``.md``) and a bar chart (``.png``).
+ratio a model would reach if it ran its arithmetic exactly as fast as the ViT runs its own. QIMIA's reads over
+depth are element-wise, so the counter leaves them out, and their time is set by the bytes they move rather than by
+arithmetic: every row also shows those bytes (what one image's forward pass reads as keys and values, ``reads
+MB/img``) and the roofline, the ratio a model would reach running its arithmetic at the ViT's rate and moving its
+reads' bytes at the device's copy bandwidth (measured at the start of the run, recorded in the environment). A
+forward pass reads every entry once; a training step moves them four times (autograd's backward pass reads every
+entry again, and adds its gradient into the entry's, reading and writing it). ``--json PATH`` writes every round and
+the environment, the Markdown table (``PATH`` with ``.md``) and a bar chart (``.png``).
 
     python benchmarks/throughput.py --mixer --compiled                # the README table (CPU)
     python benchmarks/throughput.py --device cuda --amp --compiled     # CUDA, bf16 autocast
@@ -46,9 +52,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import timm_hbf
+from timm_hbf.layers import DepthAttention
 from timm_hbf.models import VisionTransformerQimia
 
 MMAP_THRESHOLD = 128 * 1024  # bytes; see the module docstring
+READ_PASSES = {False: 1, True: 4}  # times an inference pass and a training step move the reads' entries (docstring)
 
 # (candidate, batch size on CPU, batch size on CUDA)
 DEFAULT_CASES = [
@@ -256,6 +264,49 @@ def forward_macs(spec: dict, input_size: tuple) -> int:
     return counter.get_total_flops() // 2
 
 
+def read_traffic(spec: dict, input_size: tuple, amp: bool) -> float:
+    """Bytes of keys and values that one image's forward pass reads over depth (QIMIA's reads; 0 for other models),
+    in the dtypes the model runs in: every read's entries, counted at batch 2 less batch 1, so that entries shared
+    by the batch (position embedding, null entry) count once per batch, not per image."""
+    model = build(spec, 'cpu').eval()
+    read = []
+
+    def count(module, args):
+        read.append(sum(t.numel() * t.element_size() for entries in args for t in entries))
+
+    for module in model.modules():
+        if isinstance(module, DepthAttention):
+            module.register_forward_pre_hook(count)
+    totals = []
+    for batch_size in (1, 2):
+        read.clear()
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):
+            model(torch.randn(batch_size, *input_size))
+        totals.append(sum(read))
+    return float(totals[1] - totals[0])
+
+
+def copy_bandwidth(device: str) -> float:
+    """The device's memory bandwidth in bytes/s as copying 256 MiB shows it (bytes read and written), median of 5."""
+    source = torch.randn(64 * 2 ** 20, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    seconds = []
+    for _ in range(5):
+        sync(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        sync(device)
+        seconds.append(time.perf_counter() - start)
+    return 2 * source.numel() * source.element_size() / statistics.median(seconds)
+
+
+def roofline(ceiling: float, read_bytes: float, passes: int, reference_images_per_s: float, bandwidth: float) -> float:
+    """The throughput ratio to the ViT of a model that runs its arithmetic as fast as the ViT runs its own and moves
+    its reads' bytes ``passes`` times at ``bandwidth``: the ViT's time per image over that model's."""
+    return 1. / (1. / ceiling + passes * read_bytes * reference_images_per_s / bandwidth)
+
+
 def paired_ratio(rounds: list, reference_rounds: list) -> dict:
     """Median and range over rounds of each round's ratio to the reference's same round: a drift in machine load
     between rounds cancels in every ratio, which it does not in a ratio of medians."""
@@ -265,23 +316,27 @@ def paired_ratio(rounds: list, reference_rounds: list) -> dict:
 
 def markdown_table(results: list) -> str:
     """One line per case, mode and model; ratios are to the ViT of the same case, mode and execution; "of ceiling" is
-    the throughput ratio over the arithmetic ceiling (the ViT's MACs over the model's)."""
+    the throughput ratio over the arithmetic ceiling (the ViT's MACs over the model's), "of roofline" over the
+    roofline (the ceiling with the reads' bytes moved at the device's bandwidth)."""
     shown_executions = [e for e in EXECUTIONS if any(e in m for r in results for m in r['models'].values())]
-    header, rule = '| model | input/patch | mode | batch | GMACs | ceiling |', '|---|---|---|---|---|---|'
+    header = '| model | input/patch | mode | batch | GMACs | ceiling | reads MB/img |'
+    rule = '|---|---|---|---|---|---|---|'
     for execution in shown_executions:
-        header += f' {execution} img/s | ratio to ViT (range) | of ceiling | peak MiB | ratio to ViT |'
-        rule += '---|---|---|---|---|'
+        header += f' {execution} img/s | ratio to ViT (range) | of ceiling | roofline | of roofline | peak MiB |' \
+                  ' ratio to ViT |'
+        rule += '---|---|---|---|---|---|---|'
     lines = [header, rule]
     for r in results:
         for label, m in r['models'].items():
             shown = f"`{label}`" if m['spec'].get('model_name') == r['model'] else label
             line = f"| {shown} | {r['input']} | {r['mode']} | {r['batch_size']} | {m['macs'] / 1e9:.3f} | " \
-                   f"{m['ceiling']:.2f} |"
+                   f"{m['ceiling']:.2f} | {m['read_bytes'] / 1e6:.1f} |"
             for execution in shown_executions:
                 x = m[execution]
                 low, high = x['throughput_ratio_range']
                 line += f" {x['images_per_s']:.1f} | {x['throughput_ratio']:.2f} ({low:.2f}-{high:.2f}) | " \
-                        f"{x['throughput_ratio'] / m['ceiling']:.2f} | {x['peak_mib']:.0f} | {x['memory_ratio']:.2f} |"
+                        f"{x['throughput_ratio'] / m['ceiling']:.2f} | {x['roofline']:.2f} | " \
+                        f"{x['throughput_ratio'] / x['roofline']:.2f} | {x['peak_mib']:.0f} | {x['memory_ratio']:.2f} |"
             lines.append(line)
     return '\n'.join(lines)
 
@@ -314,11 +369,20 @@ def plot(results: list, env: dict, path: str) -> None:
     plt.close(fig)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux) or architecture, with the vector instructions torch's CPU kernels use."""
+    name = platform.processor() or platform.machine()
+    if os.path.exists('/proc/cpuinfo'):
+        with open('/proc/cpuinfo') as f:
+            name = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), name)
+    return f'{name}, {torch.backends.cpu.get_cpu_capability()}'
+
+
 def environment(args) -> dict:
     """Where and how a benchmark ran: date, device, threads, versions, its command line and settings."""
     return dict(
         date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
-        device=torch.cuda.get_device_name() if args.device == 'cuda' else platform.processor() or platform.machine(),
+        device=torch.cuda.get_device_name() if args.device == 'cuda' else cpu_name(),
         threads=torch.get_num_threads(),
         torch=torch.__version__,
         timm=timm.__version__,
@@ -366,6 +430,8 @@ def main() -> None:
         print(measure_memory_here(json.loads(args.measure_memory), args.batch_size, args.train, args))
         return
 
+    env = environment(args)
+    env['copy_bandwidth_gbs'] = copy_bandwidth(args.device) / 1e9
     baselines = [REFERENCE] + ([MIXER] if args.mixer else [])
     cases = [(m, args.batch_size, args.batch_size) for m in args.models] if args.models else DEFAULT_CASES
     results = []
@@ -379,17 +445,21 @@ def main() -> None:
                     for label, kwargs in VARIANTS.get(name, {}).items()},
                  **{label: BASELINES[label](dims) for label in baselines}}
         macs = {label: forward_macs(spec, input_size) for label, spec in specs.items()}
+        read_bytes = {label: read_traffic(spec, input_size, args.amp) for label, spec in specs.items()}
         for train in (False, True):
             speed = throughput(specs, input_size, batch_size, train, args)
             row = dict(model=name, input=f"{dims['img_size']}/{dims['patch_size']}", mode='train' if train else 'infer',
                        batch_size=batch_size, models={})
             for label, spec in specs.items():
-                row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=macs[REFERENCE] / macs[label])
+                ceiling = macs[REFERENCE] / macs[label]
+                row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=ceiling, read_bytes=read_bytes[label])
                 for execution in executions(args):
                     ratio = paired_ratio(speed[label, execution]['rounds'], speed[REFERENCE, execution]['rounds'])
                     row['models'][label][execution] = dict(
                         images_per_s=speed[label, execution]['median'], rounds=speed[label, execution]['rounds'],
                         throughput_ratio=ratio['median'], throughput_ratio_range=ratio['range'],
+                        roofline=roofline(ceiling, read_bytes[label], READ_PASSES[train],
+                                          speed[REFERENCE, execution]['median'], env['copy_bandwidth_gbs'] * 1e9),
                         peak_mib=peak_memory(spec, input_size, batch_size, train, execution == 'compiled', args),
                     )
             for execution in executions(args):
@@ -399,13 +469,14 @@ def main() -> None:
             results.append(row)
             print(f"{name} {row['mode']}: " + ', '.join(
                 f"{label} {execution} {e[execution]['images_per_s']:.1f} img/s ({e[execution]['throughput_ratio']:.3f}x"
-                f", {e[execution]['throughput_ratio'] / e['ceiling']:.3f} of ceiling), {e[execution]['peak_mib']:.0f} "
+                f", {e[execution]['throughput_ratio'] / e['ceiling']:.3f} of ceiling, "
+                f"{e[execution]['throughput_ratio'] / e[execution]['roofline']:.3f} of roofline), "
+                f"{e[execution]['peak_mib']:.0f} "
                 f"MiB ({e[execution]['memory_ratio']:.3f}x)"
                 for label, e in row['models'].items() for execution in executions(args)), flush=True)
 
-    env = environment(args)
-    title = f"{env['device']}, {env['threads']} threads, torch {env['torch']}, timm {env['timm']}, {env['date']}" \
-            f"{', bf16 autocast' if args.amp else ''}"
+    title = f"{env['device']}, {env['threads']} threads, copy bandwidth {env['copy_bandwidth_gbs']:.1f} GB/s, " \
+            f"torch {env['torch']}, timm {env['timm']}, {env['date']}{', bf16 autocast' if args.amp else ''}"
     table = markdown_table(results)
     print(f'\n{title}\n\n{table}')
     if args.json:

@@ -72,13 +72,16 @@ def test_a_run_writes_every_model_with_its_macs_ratios_table_and_plot(tmp_path, 
         assert models['vit_hyperbf_tiny, depth=1']['spec'] == dict(model_name='vit_hyperbf_tiny', depth=1)
         assert models['timm ViT']['spec']['depth'] == models['timm MLP-Mixer']['spec']['num_blocks'] == 2
         for entry in models.values():
-            assert set(entry) == {'spec', 'macs', 'ceiling', 'eager'}
+            assert set(entry) == {'spec', 'macs', 'ceiling', 'read_bytes', 'eager'}
             assert len(entry['eager']['rounds']) == 2 and entry['eager']['peak_mib'] > 0
+            # no reads over depth: the roofline is the arithmetic ceiling
+            assert entry['read_bytes'] == 0 and entry['eager']['roofline'] == pytest.approx(entry['ceiling'])
         # the baselines have the candidate's 2 blocks: half the arithmetic in one block, a ceiling about twice as high
         full, shallow = models['vit_hyperbf_tiny'], models['vit_hyperbf_tiny, depth=1']
         assert 1.7 < full['macs'] / shallow['macs'] < 2.1 and shallow['ceiling'] / full['ceiling'] > 1.7
         assert 0.9 < full['ceiling'] < 1.1  # HyperBF units cost what the ViT's do
     assert record['environment']['command'].endswith('--mixer --json ' + str(out))
+    assert record['environment']['copy_bandwidth_gbs'] > 0
     table = (tmp_path / 'bench.md').read_text()
     assert '| `vit_hyperbf_tiny` | 32/4 | train | 2 |' in table and table.count('\n| timm ViT |') == 2
     assert (tmp_path / 'bench.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
@@ -107,6 +110,35 @@ def test_compiled_models_are_timed_beside_eager_against_the_compiled_vit(tmp_pat
         assert ours['compiled']['throughput_ratio'] == pytest.approx(statistics.median(ratios))
         assert ours['eager']['rounds'] != ours['compiled']['rounds']
     assert 'compiled img/s' in (tmp_path / 'bench.md').read_text()
+
+
+# one image of vit_qimia_tiny at depth 2: the reads of its four blocks and the output read see 1, 2, 3, 4 and 5
+# entries that belong to the image (the position embedding's is shared by the batch), each 65 tokens of a key (64
+# channels) and a value (192 channels)
+QIMIA_DEPTH2_READ_BYTES = (1 + 2 + 3 + 4 + 5) * 65 * (64 + 192) * 4
+
+
+def test_read_traffic_counts_the_entries_every_read_takes_in_per_image():
+    bench = load_throughput()
+    qimia = dict(model_name='vit_qimia_tiny', depth=2)
+    assert bench.read_traffic(qimia, (3, 32, 32), amp=False) == QIMIA_DEPTH2_READ_BYTES
+    # bf16 autocast: the entries are bf16, half the bytes
+    assert bench.read_traffic(qimia, (3, 32, 32), amp=True) == QIMIA_DEPTH2_READ_BYTES / 2
+    # block memory of 4: the blocks' reads see 1, 2, 2 and 2 image entries, the output read 2 (patch, summary)
+    block = bench.read_traffic(dict(qimia, memory_block_size=4), (3, 32, 32), amp=False)
+    assert block == (1 + 2 + 2 + 2 + 2) * 65 * (64 + 192) * 4
+    assert bench.read_traffic(dict(qimia, model_name='vit_hyperbf_tiny'), (3, 32, 32), amp=False) == 0
+
+
+def test_the_roofline_adds_the_reads_bytes_at_bandwidth_to_the_arithmetic():
+    roofline = load_throughput().roofline
+    # the ViT takes 10 ms an image; 1.25x its arithmetic is 12.5 ms, and 40 MB moved twice at 20 GB/s 4 ms more
+    assert roofline(0.8, 40e6, 2, 100., 20e9) == pytest.approx(10 / 16.5)
+    assert roofline(0.8, 0., 4, 100., 20e9) == pytest.approx(0.8)
+
+
+def test_the_copy_bandwidth_is_a_rate_in_bytes_per_second():
+    assert 1e8 < load_throughput().copy_bandwidth('cpu') < 1e13
 
 
 def test_throughput_ratios_pair_each_round_with_the_same_round_of_the_vit():
