@@ -134,11 +134,9 @@ class _DepthRead(torch.autograd.Function):
             key = key_entries[i]
             grad_s = grad_logits[i].sum_to_size(key.shape[:-1] + (heads,))
             grad_keys.append((grad_s.unsqueeze(-1) * query_c).flatten(-2).to(key.dtype))
-        # the query's gradient sum_i sum_tokens ds_i k_i: accumulated over the entries token by token, element-wise
-        # like the rest of the read, then one reduction over the tokens (not one reduction per entry)
-        moment = grad_logits[0].unsqueeze(-1) * key_entries[0].unflatten(-1, (heads, -1)).to(dtype)
-        for i in range(1, num):
-            moment.addcmul_(grad_logits[i].unsqueeze(-1), key_entries[i].unflatten(-1, (heads, -1)).to(dtype))
+        # the query's gradient sum_tokens sum_i ds_i k_i: the keys mixed with the logits' gradients as a read mixes
+        # values (entry by entry, element-wise), then one reduction over the tokens (not one per entry)
+        moment = _mix(grad_logits, key_entries).unflatten(-1, query_c.shape)
         grad_query = moment.sum_to_size(query_c.shape).to(query.dtype)
         return (grad_query, None, None, *grad_keys, *grad_values)
 
