@@ -1,0 +1,17 @@
+"""The real-data sample every test reads: the mini CIFAR-10 archive committed with the repository."""
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CIFAR10_SAMPLE = ROOT / 'data' / 'cifar10-mini-jpeg.tar.gz'  # 100 train and 20 test JPEGs of every class
+
+
+@pytest.fixture(scope='session')
+def cifar10_sample(tmp_path_factory) -> Path:
+    """The sample extracted once: ``train/`` (1,000 images) and ``test/`` (200), one folder per class."""
+    root = tmp_path_factory.mktemp('cifar10_sample')
+    with tarfile.open(CIFAR10_SAMPLE) as tar:
+        tar.extractall(root, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+    return root
