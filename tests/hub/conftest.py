@@ -6,7 +6,6 @@ import os
 import random
 import subprocess
 import sys
-import tarfile
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -26,8 +25,6 @@ from timm_hbf.hub import read_train_output, write_repo_folder
 
 from .fake_hub import TOKEN, FakeHub
 
-ROOT = Path(__file__).resolve().parents[2]
-MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../shared/datasets/ from the repo root
 PULL_SCRIPT = Path(__file__).with_name('pull_logits.py')
 REPO_ID = 'cifar/vit-hyperbf-tiny'
 HYPERBF, QIMIA = 'vit_hyperbf_tiny', 'vit_qimia_tiny'  # one model of each family
@@ -80,27 +77,16 @@ def no_backoff(monkeypatch):
 
 
 @pytest.fixture(scope='session')
-def cifar10(tmp_path_factory) -> Path:
-    """The mini CIFAR-10 (100 train and 20 test images per class), extracted."""
-    if not MINI.exists():
-        pytest.skip(f'mini CIFAR-10 archive not found at {MINI}')
-    root = tmp_path_factory.mktemp('cifar10')
-    with tarfile.open(MINI) as tar:
-        tar.extractall(root, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
-    return root
-
-
-@pytest.fixture(scope='session')
-def train_run(cifar10, tmp_path_factory) -> Path:
+def train_run(cifar10_sample, tmp_path_factory) -> Path:
     """A train.py output folder of a short real training run of vit_hyperbf_tiny (see :func:`train_like_train_py`),
     trained in one thread: a checks-only run, and far faster than two threads on a busy machine."""
-    return _train_in_one_thread(cifar10, tmp_path_factory.mktemp('output') / 'train' / 'hbf-cifar10', HYPERBF)
+    return _train_in_one_thread(cifar10_sample, tmp_path_factory.mktemp('output') / 'train' / 'hbf-cifar10', HYPERBF)
 
 
 @pytest.fixture(scope='session')
-def qimia_train_run(cifar10, tmp_path_factory) -> Path:
+def qimia_train_run(cifar10_sample, tmp_path_factory) -> Path:
     """The same for vit_qimia_tiny."""
-    return _train_in_one_thread(cifar10, tmp_path_factory.mktemp('output') / 'train' / 'qimia-cifar10', QIMIA)
+    return _train_in_one_thread(cifar10_sample, tmp_path_factory.mktemp('output') / 'train' / 'qimia-cifar10', QIMIA)
 
 
 def _train_in_one_thread(data: Path, output: Path, model: str) -> Path:

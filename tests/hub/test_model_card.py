@@ -48,10 +48,10 @@ def test_usage_installs_and_imports_timm_hbf_before_create_model(card):
     assert code.index('import timm_hbf') < code.index(f"timm.create_model('hf-hub:{REPO_ID}', pretrained=True)")
 
 
-def test_usage_snippet_runs(card, repo_folder, hub, hub_cache, cifar10, tmp_path, monkeypatch, capsys):
+def test_usage_snippet_runs(card, repo_folder, hub, hub_cache, cifar10_sample, tmp_path, monkeypatch, capsys):
     hub.publish(REPO_ID, {p.name: p.read_bytes() for p in repo_folder.iterdir()})
     monkeypatch.chdir(tmp_path)
-    shutil.copy(cifar10 / 'test' / 'ship' / '0000.jpg', tmp_path / 'image.jpg')
+    shutil.copy(cifar10_sample / 'test' / 'ship' / '0000.jpg', tmp_path / 'image.jpg')
     exec(section(card, 'Usage').split('```python\n')[1].split('```')[0], {})
     top5 = eval(capsys.readouterr().out)  # [(label, probability), ...]
     assert len(top5) == 5 and {label for label, _ in top5} <= set(CIFAR10_LABELS)
@@ -67,14 +67,14 @@ def test_architecture_and_paper(card):
     assert f'- **Classes:** 10 ({", ".join(CIFAR10_LABELS)})' in details
 
 
-def test_recipe_from_args_yaml(card, train_run, cifar10):
+def test_recipe_from_args_yaml(card, train_run, cifar10_sample):
     args = yaml.safe_load((train_run / 'args.yaml').read_text())
     recipe = section(card, 'Training recipe')
     for key in ('model_kwargs', 'epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'model_ema'):
         assert f'| {key} | `{args[key]}` |' in recipe
     published = yaml.safe_load(recipe.split('```yaml\n')[1].split('```')[0])
     assert published == {k: v for k, v in args.items() if k not in ('data_dir', 'output')}
-    assert str(cifar10) not in card and str(train_run.parent) not in card  # paths of the training machine
+    assert str(cifar10_sample) not in card and str(train_run.parent) not in card  # paths of the training machine
 
 
 def results_row(label: str, row: dict) -> str:

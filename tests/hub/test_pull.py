@@ -3,6 +3,7 @@
 import fnmatch
 import io
 import json
+import re
 import socket
 
 import pytest
@@ -180,6 +181,18 @@ def test_pickled_code_in_weights_never_runs(hub_cache, hub, repo_folder, tmp_pat
     with pytest.raises(Exception, match=r'[Ww]eights[ _]only'):
         timm.create_model('hf-hub:pull/evil', pretrained=True)  # timm alone refuses it too
     assert not mark.exists()
+
+
+def test_truncated_weights_in_the_repo_are_named_and_not_loaded(hub_cache, hub, repo_folder):
+    weights = (repo_folder / 'model.safetensors').read_bytes()
+    hub.publish('pull/truncated', {'config.json': (repo_folder / 'config.json').read_bytes(),
+                                   'model.safetensors': weights[:-1000]})
+    with pytest.raises(HubError) as e:
+        create_model_from_hub('pull/truncated')
+    assert re.fullmatch(
+        f'model.safetensors of pull/truncated@[0-9a-f]{{40}} is truncated \\(its header describes {len(weights)} '
+        f'bytes, the file has {len(weights) - 1000}\\); it was not loaded. The repo holds it so: ask its publisher '
+        'to push the weights again, as model.safetensors.', str(e.value))
 
 
 def test_offline_without_cache(hub_cache, published, monkeypatch):

@@ -4,17 +4,19 @@ import argparse
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import timm
 import torch
 import yaml
-from huggingface_hub import HfApi, snapshot_download
-from safetensors.torch import load_file
+from huggingface_hub import HfApi, constants, snapshot_download
+from safetensors.torch import load_file, save_file
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
 from timm_hbf.cli import main
+from timm_hbf.hub import read_train_output
 
 from .conftest import CIFAR10_LABELS, TOKEN, run_pull, run_push
 
@@ -47,7 +49,7 @@ def assert_same_tensors(a, b):
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def test_push_then_pull_over_lfs_gives_identical_logits(fresh_hub, train_run, cifar10, tmp_path):
+def test_push_then_pull_over_lfs_gives_identical_logits(fresh_hub, train_run, cifar10_sample, tmp_path):
     repo = 'push/hbf-lfs'
     proc = run_push(fresh_hub, tmp_path / 'push-home', [str(train_run), '--repo-id', repo], HF_HUB_DISABLE_XET='1')
     assert proc.returncode == 0, proc.stderr
@@ -72,7 +74,7 @@ def test_push_then_pull_over_lfs_gives_identical_logits(fresh_hub, train_run, ci
     assert fresh_hub.repos[repo].commits[commit]['model.safetensors'].lfs
 
     fresh_hub.requests.clear()
-    images = cifar10 / 'test'
+    images = cifar10_sample / 'test'
     pulled = run_pull(fresh_hub, tmp_path / 'pull-home', f'hf-hub:{repo}', images, tmp_path / 'pulled.pt')
     requests = [(r.method, r.path, r.status) for r in fresh_hub.requests]
     assert ('HEAD', f'/{repo}/resolve/main/model.safetensors', 302) in requests  # redirected to the CDN
@@ -89,7 +91,7 @@ def test_push_then_pull_over_lfs_gives_identical_logits(fresh_hub, train_run, ci
     assert torch.equal(again['logits'], logits)
 
 
-def test_push_ema_then_pull_pinned_commit_over_regular_upload(fresh_hub, train_run, cifar10, tmp_path):
+def test_push_ema_then_pull_pinned_commit_over_regular_upload(fresh_hub, train_run, cifar10_sample, tmp_path):
     """The client's defaults (Xet enabled), with a Hub that takes every file in the commit itself."""
     repo = 'push/hbf-regular'
     fresh_hub.upload_mode = 'regular'
@@ -103,7 +105,7 @@ def test_push_ema_then_pull_pinned_commit_over_regular_upload(fresh_hub, train_r
     assert not any(blob.lfs for blob in fresh_hub.repos[repo].commits[commit].values())
 
     fresh_hub.publish(repo, {'README.md': b'a later commit'})  # the pinned commit is no longer the head of main
-    images = cifar10 / 'test'
+    images = cifar10_sample / 'test'
     pulled = run_pull(fresh_hub, tmp_path / 'pull-home', f'hf-hub:{repo}@{commit}', images, tmp_path / 'pulled.pt')
     logits, state_dict = reference_logits(train_run, images, weights='state_dict_ema')
     assert torch.equal(pulled['logits'], logits)
@@ -139,7 +141,7 @@ def test_label_names_from_a_file(train_run, tmp_path):
     assert json.loads((folder / 'config.json').read_text())['label_names'] == CIFAR10_LABELS
 
 
-def test_dry_run_in_bfloat16_halves_the_weights_and_timm_loads_them_into_float32(train_run, cifar10, tmp_path):
+def test_dry_run_in_bfloat16_halves_the_weights_and_timm_loads_them_into_float32(train_run, cifar10_sample, tmp_path):
     full, half = tmp_path / 'float32', tmp_path / 'bfloat16'
     assert main(['push', str(train_run), '--repo-id', 'push/bf16', '--dry-run', str(full)]) == 0
     assert main(['push', str(train_run), '--repo-id', 'push/bf16', '--dtype', 'bfloat16', '--dry-run', str(half)]) == 0
@@ -151,7 +153,7 @@ def test_dry_run_in_bfloat16_halves_the_weights_and_timm_loads_them_into_float32
     exact = timm.create_model(f'local-dir:{full}', pretrained=True).eval()
     state = model.state_dict()
     assert all(state[k].dtype == torch.float32 and torch.equal(state[k], w.float()) for k, w in weights.items())
-    dataset = ImageDataset(str(cifar10 / 'test'), transform=create_transform(**resolve_data_config(model=model)))
+    dataset = ImageDataset(str(cifar10_sample / 'test'), transform=create_transform(**resolve_data_config(model=model)))
     images = torch.stack([dataset[i][0] for i in range(0, len(dataset), 10)])
     with torch.no_grad():
         logits, exact_logits = model(images), exact(images)
@@ -230,3 +232,112 @@ def test_pushed_repo_through_the_hub_api(logged_in, fresh_hub, train_run, tmp_pa
     assert tree['config.json'].lfs is None and tree['config.json'].size == len(files['config.json'])
     snapshot = Path(snapshot_download('push/api', local_dir=tmp_path / 'snapshot'))
     assert {p.name: p.read_bytes() for p in snapshot.iterdir() if p.is_file()} == files
+
+
+# --- bad input: refused before any request, the Hub and the local cache untouched ----------------------------------
+
+def failed_push(hub, cache, capsys, checkpoint, *args: str) -> str:
+    """``timm-hbf push CHECKPOINT ARGS``, which must fail without a request; its error message."""
+    assert main(['push', str(checkpoint), '--repo-id', 'push/bad-input', *args]) == 1
+    assert hub.requests == [] and 'push/bad-input' not in hub.repos and not cache.exists()
+    return capsys.readouterr().err
+
+
+def truncated_copy(file, folder, name):
+    (folder / name).write_bytes(file.read_bytes()[:-1000])
+    return folder / name
+
+
+def test_a_missing_checkpoint_push_names_the_file(logged_in, fresh_hub, tmp_path, capsys):
+    assert failed_push(fresh_hub, logged_in, capsys, tmp_path / 'best.pth.tar') == (
+        f'error: {tmp_path}/best.pth.tar does not exist. Check the path.\n')
+
+
+def test_a_folder_without_checkpoint_push_says_to_name_one(logged_in, fresh_hub, tmp_path, capsys):
+    assert failed_push(fresh_hub, logged_in, capsys, tmp_path) == (
+        f'error: {tmp_path} has no model_best.pth.tar or last.pth.tar: name the checkpoint to push.\n')
+
+
+def test_an_empty_checkpoint_push_says_it_is_empty(logged_in, fresh_hub, tmp_path, capsys):
+    (tmp_path / 'last.pth.tar').touch()
+    assert failed_push(fresh_hub, logged_in, capsys, tmp_path) == (
+        f'error: {tmp_path}/last.pth.tar is empty. It was cut short while being written or copied. Save or copy the '
+        'weights again.\n')
+
+
+def test_a_truncated_safetensors_push_names_the_file_and_says_it_is_truncated(logged_in, fresh_hub, train_run,
+                                                                               tmp_path, capsys):
+    save_file(read_train_output(train_run).state_dict, tmp_path / 'full.safetensors')
+    file = truncated_copy(tmp_path / 'full.safetensors', tmp_path, 'w.safetensors')
+    size = (tmp_path / 'full.safetensors').stat().st_size
+    assert failed_push(fresh_hub, logged_in, capsys, file, '--model', 'vit_hyperbf_tiny') == (
+        f'error: {file} is truncated (its header describes {size} bytes, the file has {size - 1000}). It was cut '
+        'short while being written or copied. Save or copy the weights again.\n')
+
+
+def test_a_truncated_pth_push_says_it_is_truncated_not_that_it_holds_python_objects(logged_in, fresh_hub, train_run,
+                                                                                     tmp_path, capsys):
+    file = truncated_copy(train_run / 'last.pth.tar', tmp_path, 'last.pth.tar')
+    assert failed_push(fresh_hub, logged_in, capsys, file) == (
+        f'error: {file} is truncated (its zip archive has no end). It was cut short while being written or copied. '
+        'Save or copy the weights again.\n')
+
+
+def test_a_text_file_push_says_it_is_no_checkpoint(logged_in, fresh_hub, tmp_path, capsys):
+    (tmp_path / 'args.pth').write_text('model: vit_hyperbf_tiny\n')
+    assert failed_push(fresh_hub, logged_in, capsys, tmp_path / 'args.pth') == (
+        f"error: {tmp_path}/args.pth is neither a safetensors file nor a torch.save checkpoint (it starts with "
+        "b'model: vit_hyper'). Name a checkpoint of train.py, or weights saved by torch.save or "
+        'safetensors.torch.save_file.\n')
+
+
+def test_a_pth_named_safetensors_push_says_to_rename_it(logged_in, fresh_hub, train_run, tmp_path, capsys):
+    (tmp_path / 'w.safetensors').write_bytes((train_run / 'last.pth.tar').read_bytes())
+    assert failed_push(fresh_hub, logged_in, capsys, tmp_path / 'w.safetensors') == (
+        f'error: {tmp_path}/w.safetensors is a torch.save file, but its name says safetensors. Rename it to end in '
+        '.pth.\n')
+
+
+def test_weights_of_the_other_family_push_says_they_do_not_fit(logged_in, fresh_hub, train_run, tmp_path, capsys):
+    save_file(read_train_output(train_run).state_dict, tmp_path / 'hyperbf.safetensors')
+    message = failed_push(fresh_hub, logged_in, capsys, tmp_path / 'hyperbf.safetensors', '--model', 'vit_qimia_tiny')
+    assert message.startswith(f"error: {tmp_path}/hyperbf.safetensors does not fit vit_qimia_tiny built with "
+                              "{'num_classes': 10, 'in_chans': 3}: ")
+    assert ' missing (' in message and ' unexpected (' in message
+    assert message.endswith('Name the architecture it was trained as with --model.\n')
+
+
+def test_a_push_with_hf_hub_offline_says_to_unset_it(logged_in, fresh_hub, train_run, monkeypatch, capsys):
+    monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+    assert failed_push(fresh_hub, logged_in, capsys, train_run) == (
+        'error: Pushing to push/bad-input needs the network, but HF_HUB_OFFLINE=1 is set: unset HF_HUB_OFFLINE to '
+        'push (timm-hbf push --dry-run writes the files without pushing).\n')
+
+
+def test_an_args_yaml_that_is_no_yaml_push_names_it(logged_in, fresh_hub, train_run, tmp_path, capsys):
+    run = shutil.copytree(train_run, tmp_path / 'run')
+    (run / 'args.yaml').write_text('model: [vit_hyperbf_tiny\n')
+    message = failed_push(fresh_hub, logged_in, capsys, run)
+    assert message.startswith(f'error: {run}/args.yaml is not valid YAML (while parsing a flow sequence')
+    assert message.endswith('Repair or remove it: without it, the arguments stored in the checkpoint are used.\n')
+
+
+def test_a_summary_csv_cut_short_push_names_its_line(logged_in, fresh_hub, train_run, tmp_path, capsys):
+    run = shutil.copytree(train_run, tmp_path / 'run')
+    summary = (run / 'summary.csv').read_text()
+    (run / 'summary.csv').write_text(summary[:summary.rindex(',')])  # the last row without its last value
+    assert failed_push(fresh_hub, logged_in, capsys, run) == (
+        f'error: {run}/summary.csv line 5 is not a row of numbers (float() argument must be a string or a real '
+        "number, not 'NoneType'). Repair or remove it: without it, the model card shows no training curves.\n")
+
+
+def test_model_arguments_the_model_does_not_take_push_names_them(logged_in, fresh_hub, train_run, tmp_path, capsys):
+    run = shutil.copytree(train_run, tmp_path / 'run')
+    args = yaml.safe_load((run / 'args.yaml').read_text())
+    (run / 'args.yaml').write_text(yaml.safe_dump(dict(args, model_kwargs={'depht': 2})))
+    message = failed_push(fresh_hub, logged_in, capsys, run)
+    assert message.startswith(
+        f"error: vit_hyperbf_tiny cannot be built with {{'depht': 2, 'num_classes': 10, 'in_chans': 3}}, the model "
+        f"arguments of {run}/model_best.pth.tar and its run (")
+    assert "'depht'" in message and message.endswith(
+        "). Fix model_kwargs in the run's args.yaml, or name the architecture with --model.\n")

@@ -98,7 +98,7 @@ def test_pickled_code_never_runs(tmp_path, monkeypatch):
     mark = tmp_path / 'payload-ran'
     monkeypatch.setenv('PAYLOAD_MARK', str(mark))
     torch.save({'state_dict': {'w': torch.zeros(1)}, 'extra': Payload()}, tmp_path / 'evil.pth.tar')
-    with pytest.raises(HubError, match='cannot be loaded as weights only'):
+    with pytest.raises(HubError, match='evil.pth.tar holds Python objects besides tensors'):
         read_train_output(tmp_path / 'evil.pth.tar')
     assert not mark.exists()
     pickle.loads(pickle.dumps(Payload()))  # the payload does run when unpickled unrestricted
@@ -106,9 +106,9 @@ def test_pickled_code_never_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize('name, message', [
-    ('missing.pth.tar', 'does not exist'),
-    ('empty-folder', 'has no model_best.pth.tar or last.pth.tar'),
-    ('notes.pth', 'neither a train.py checkpoint nor a state dict of tensors'),
+    ('missing.pth.tar', 'missing.pth.tar does not exist. Check the path.'),
+    ('empty-folder', 'empty-folder has no model_best.pth.tar or last.pth.tar: name the checkpoint to push.'),
+    ('notes.pth', 'notes.pth holds no weights: it is neither a checkpoint of train.py nor a state dict'),
 ])
 def test_nothing_to_push(tmp_path, name, message):
     (tmp_path / 'empty-folder').mkdir()
@@ -119,5 +119,5 @@ def test_nothing_to_push(tmp_path, name, message):
 
 def test_old_torch_is_told_to_upgrade(train_run, monkeypatch):
     monkeypatch.delattr(torch.serialization, 'safe_globals')
-    with pytest.raises(HubError, match='needs torch 2.5 or newer'):
+    with pytest.raises(HubError, match=r'Checkpoints of train.py \(they hold an argparse.Namespace\) need torch 2.5'):
         read_train_output(train_run)

@@ -38,8 +38,8 @@ def pushed(hub, train_run, qimia_train_run, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope='module')
-def images(cifar10) -> list:
-    return sorted((cifar10 / 'test').rglob('*.jpg'))[::EVERY_NTH_IMAGE]
+def images(cifar10_sample) -> list:
+    return sorted((cifar10_sample / 'test').rglob('*.jpg'))[::EVERY_NTH_IMAGE]
 
 
 @pytest.fixture(scope='module')

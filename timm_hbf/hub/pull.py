@@ -6,16 +6,15 @@ says what to do and nothing corrupt stays in the cache.
 """
 import hashlib
 import json
-import pickle
 from pathlib import Path
 from typing import Optional, Tuple
 
 import timm
-import torch
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 from torch import nn
 
+from ..models._builder import WeightsFileError, read_checkpoint
 from .errors import HubError, hub_errors
 
 __all__ = ['create_model_from_hub']
@@ -93,8 +92,8 @@ def _hashes(blob: Path) -> Tuple[str, Optional[str]]:
 
 
 def _download_weights(repo_id: str, commit: str) -> None:
-    """Download and check the weights timm will load: ``model.safetensors``, else a weights-only
-    ``pytorch_model.bin``."""
+    """Download and check the weights timm will load: ``model.safetensors``, else ``pytorch_model.bin``, each
+    complete and readable weights only."""
     missing = []
     for filename in (SAFE_WEIGHTS_FILE, PICKLED_WEIGHTS_FILE):
         try:
@@ -104,14 +103,13 @@ def _download_weights(repo_id: str, commit: str) -> None:
                 raise
             missing.append(e)  # not in the repo, or out of reach (offline, server down): try the other
             continue
-        if filename == PICKLED_WEIGHTS_FILE:
-            try:
-                torch.load(path, map_location='cpu', weights_only=True)
-            except pickle.UnpicklingError as e:
-                raise HubError(
-                    f'{filename} of {repo_id}@{commit} holds Python objects besides tensors, and loading it could run '
-                    f'code; it was not loaded. Ask the publisher for {SAFE_WEIGHTS_FILE}.'
-                ) from e
+        try:
+            read_checkpoint(path)
+        except WeightsFileError as e:
+            raise HubError(
+                f'{filename} of {repo_id}@{commit} {e.problem}; it was not loaded. The repo holds it so: ask its '
+                f'publisher to push the weights again, as {SAFE_WEIGHTS_FILE}.'
+            ) from e
         return
     out_of_reach = [e for e in missing if isinstance(e.__cause__, LocalEntryNotFoundError)]
     if out_of_reach:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import torch
-from huggingface_hub import CommitInfo, HfApi
+from huggingface_hub import CommitInfo, HfApi, constants
 from timm.data import resolve_data_config
 from timm.models import save_for_hf
 
@@ -115,6 +115,9 @@ def push_to_hub(
         pytorch_bin: Also push the weights as a (pickled) ``pytorch_model.bin``.
         dtype: Push the floating-point weights in this dtype (default: as in the checkpoint).
     """
+    if constants.HF_HUB_OFFLINE:
+        raise HubError(f'Pushing to {repo_id} needs the network, but HF_HUB_OFFLINE=1 is set: unset HF_HUB_OFFLINE '
+                       'to push (timm-hbf push --dry-run writes the files without pushing).')
     api = HfApi(library_name='timm-hbf', library_version=__version__)
     epoch = f', epoch {train.epoch}' if train.epoch is not None else ''
     message = f'Add {train.arch} weights ({train.checkpoint.name}{epoch})'

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-import safetensors.torch
 import timm
 import torch
 import yaml
-from timm.models import clean_state_dict, get_pretrained_cfg
+from timm.models import get_pretrained_cfg
 
+from ..models._builder import WeightsFileError, read_checkpoint, state_dict_mismatch, weights_of
 from .errors import HubError
 
 __all__ = ['TrainOutput', 'read_train_output']
@@ -44,8 +44,14 @@ class TrainOutput:
 
     def create_model(self) -> torch.nn.Module:
         """The model with the checkpoint's weights, in eval mode."""
-        model = timm.create_model(self.arch, **self.model_kwargs)
-        mismatch = _mismatch(model.state_dict(), self.state_dict)
+        try:
+            model = timm.create_model(self.arch, **self.model_kwargs)
+        except (TypeError, ValueError) as e:  # an argument the model does not take, or a value it refuses
+            raise HubError(
+                f'{self.arch} cannot be built with {self.model_kwargs}, the model arguments of {self.checkpoint} and '
+                f"its run ({e}). Fix model_kwargs in the run's args.yaml, or name the architecture with --model."
+            ) from e
+        mismatch = state_dict_mismatch(model.state_dict(), self.state_dict)
         if mismatch:
             raise HubError(
                 f'{self.checkpoint} does not fit {self.arch} built with {self.model_kwargs}: {mismatch}. '
@@ -65,14 +71,14 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
         ema: Take the EMA weights train.py keeps with ``--model-ema``.
     """
     checkpoint = _find_checkpoint(Path(path))
-    content = _load(checkpoint)
+    try:
+        content = read_checkpoint(checkpoint)
+        if ema and not (isinstance(content, dict) and 'state_dict_ema' in content):
+            raise HubError(f'{checkpoint} has no EMA weights: train.py saves them when it trains with --model-ema.')
+        state_dict = weights_of(content, checkpoint, ('state_dict_ema' if ema else 'state_dict',))
+    except WeightsFileError as e:
+        raise HubError(str(e)) from e
     is_train_checkpoint = isinstance(content.get('state_dict'), dict)
-    key = 'state_dict_ema' if ema else 'state_dict'
-    if ema and key not in content:
-        raise HubError(f'{checkpoint} has no EMA weights: train.py saves them when it trains with --model-ema.')
-    state_dict = clean_state_dict(content[key] if is_train_checkpoint else content)
-    if not state_dict or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        raise HubError(f'{checkpoint} is neither a train.py checkpoint nor a state dict of tensors.')
 
     args = _read_args(checkpoint.parent / 'args.yaml', content.get('args'))
     arch = model_name or args.get('model') or content.get('arch')
@@ -95,45 +101,51 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
 
 
 def _find_checkpoint(path: Path) -> Path:
-    if path.is_dir():
-        for name in CHECKPOINT_NAMES:
-            if (path / name).is_file():
-                return path / name
-        raise HubError(f'{path} has no {" or ".join(CHECKPOINT_NAMES)}: name the checkpoint to push.')
-    if not path.is_file():
-        raise HubError(f'{path} does not exist.')
-    return path
+    """The checkpoint a train.py output folder stands for; any other path as it is (reading it names its faults)."""
+    if not path.is_dir():
+        return path
+    for name in CHECKPOINT_NAMES:
+        if (path / name).is_file():
+            return path / name
+    raise HubError(f'{path} has no {" or ".join(CHECKPOINT_NAMES)}: name the checkpoint to push.')
 
 
-def _load(checkpoint: Path) -> Dict[str, Any]:
-    """The checkpoint's content, unpickling nothing but tensors, containers and train.py's argument namespace."""
-    if checkpoint.suffix == '.safetensors':
-        return safetensors.torch.load_file(checkpoint)
-    if not hasattr(torch.serialization, 'safe_globals'):
-        raise HubError(f'Reading {checkpoint} safely needs torch 2.5 or newer; this is torch {torch.__version__}.')
-    # train.py stores its arguments as an argparse.Namespace: allow that one class, which only holds attributes.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        try:
-            return torch.load(checkpoint, map_location='cpu', weights_only=True)
-        except Exception as e:  # pickle's errors, or torch's for a file that is no checkpoint at all
-            raise HubError(
-                f'{checkpoint} cannot be loaded as weights only ({type(e).__name__}: {e}): it holds Python objects '
-                'other than tensors, or is no checkpoint. It is not unpickled any further, since that could run code.'
-            ) from e
+def _unusable(path: Path, problem: str, without: str) -> HubError:
+    return HubError(f'{path} {problem}. Repair or remove it: without it, {without}.')
 
 
 def _read_args(path: Path, stored: Optional[argparse.Namespace]) -> Dict[str, Any]:
-    if path.is_file():
-        return yaml.safe_load(path.read_text()) or {}
-    return dict(vars(stored)) if stored is not None else {}
+    """``args.yaml``, else (missing or empty) the arguments stored in the checkpoint, else none."""
+    without = 'the arguments stored in the checkpoint are used'
+    try:
+        args = yaml.safe_load(path.read_text()) if path.exists() else None
+    except (OSError, UnicodeDecodeError) as e:
+        raise _unusable(path, f'cannot be read ({e})', without) from e
+    except yaml.YAMLError as e:
+        raise _unusable(path, f'is not valid YAML ({e})', without) from e
+    if args is None:
+        return dict(vars(stored)) if stored is not None else {}
+    if not isinstance(args, dict):
+        raise _unusable(path, f"holds a {type(args).__name__}, not train.py's arguments (names to values)", without)
+    return args
 
 
 def _read_summary(path: Path) -> List[Dict[str, float]]:
-    if not path.is_file():
+    """``summary.csv``: one dict of numbers per epoch; none if it is missing."""
+    without = 'the model card shows no training curves'
+    if not path.exists():
         return []
-    with path.open(newline='') as f:
-        rows = list(csv.DictReader(f))
-    return [{k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''} for row in rows]
+    rows = []
+    try:
+        with path.open(newline='') as f:
+            reader = csv.DictReader(f)
+            for row in reader:
+                rows.append({k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''})
+    except (OSError, UnicodeDecodeError) as e:
+        raise _unusable(path, f'cannot be read ({e})', without) from e
+    except (ValueError, TypeError) as e:  # a value that is no number, a row cut short or too long
+        raise _unusable(path, f'line {reader.line_num} is not a row of numbers ({e})', without) from e
+    return rows
 
 
 def _model_kwargs(arch: str, args: Dict[str, Any], state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
@@ -148,16 +160,3 @@ def _model_kwargs(arch: str, args: Dict[str, Any], state_dict: Dict[str, torch.T
         if weight is not None:
             kwargs[key] = weight.shape[dim]
     return kwargs
-
-
-def _mismatch(expected: Dict[str, torch.Tensor], given: Dict[str, torch.Tensor], shown: int = 3) -> str:
-    """What keeps ``given`` from loading where ``expected`` is, in a few words ('' when nothing does)."""
-    def some(items: List[str]) -> str:
-        return ', '.join(items[:shown]) + (', ...' if len(items) > shown else '')
-
-    missing = [k for k in expected if k not in given]
-    unexpected = [k for k in given if k not in expected]
-    shapes = [f'{k} {tuple(given[k].shape)} for {tuple(v.shape)}'
-              for k, v in expected.items() if k in given and given[k].shape != v.shape]
-    return '; '.join(f'{len(keys)} {what} ({some(keys)})' for keys, what in (
-        (missing, 'missing'), (unexpected, 'unexpected'), (shapes, 'of another shape')) if keys)

@@ -1,0 +1,288 @@
+"""Build models with timm's ``build_model_with_cfg``, their pretrained weights checked before they load.
+
+timm takes a weights file as its name says and passes every failure on as it comes: a tag without weights, a missing,
+empty, truncated or mislabelled file, or the checkpoint of another model each end in an error of the reader or of
+``load_state_dict`` that does not say which file or what to do. :func:`build_model` reads the file itself, weights
+only, and raises :class:`PretrainedWeightsError` naming the tag or file, what is wrong and the fix.
+"""
+import argparse
+import json
+import pickle
+import zipfile
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Type, TypeVar, Union
+
+import safetensors
+import safetensors.torch
+import torch
+from timm.models import (
+    PretrainedCfg,
+    build_model_with_cfg,
+    clean_state_dict,
+    get_arch_pretrained_cfgs,
+    resolve_pretrained_cfg,
+)
+from torch import nn
+
+__all__ = [
+    'PretrainedWeightsError', 'WeightsFileError', 'build_model', 'read_checkpoint', 'state_dict_mismatch', 'weights_of',
+]
+
+ModelT = TypeVar('ModelT', bound=nn.Module)
+
+WEIGHTS_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')  # where timm looks in a checkpoint, EMA first
+OWN_WEIGHTS = ("pretrained_cfg_overlay=dict(file=PATH) loads your own (a checkpoint of train.py, or a state dict in "
+               "a .pth or .safetensors file); 'hf-hub:ORG/NAME' as the model name loads a Hugging Face Hub repo.")
+AGAIN = 'Save or copy the weights again.'
+CUT_SHORT = f'It was cut short while being written or copied. {AGAIN}'
+
+
+class PretrainedWeightsError(RuntimeError):
+    """Pretrained weights cannot be loaded; the message names the tag or file, what is wrong and the fix."""
+
+
+class WeightsFileError(PretrainedWeightsError):
+    """A weights file cannot be read: ``{path} {problem}. {fix}``."""
+
+    def __init__(self, path: Union[str, Path], problem: str, fix: str) -> None:
+        super().__init__(f'{path} {problem}. {fix}')
+        self.path, self.problem = path, problem
+
+
+def build_model(
+        model_cls: Type[ModelT],
+        variant: str,
+        pretrained: bool,
+        pretrained_cfg: Optional[Union[str, Dict[str, Any], PretrainedCfg]] = None,
+        pretrained_cfg_overlay: Optional[Dict[str, Any]] = None,
+        pretrained_filter_fn: Optional[Callable] = None,
+        pretrained_strict: bool = True,
+        **kwargs,
+) -> ModelT:
+    """timm's ``build_model_with_cfg`` (same arguments), with the tag and the pretrained weights checked first.
+
+    A tag that does not exist, or ``pretrained=True`` where the tag has no weights, raises naming the tags there are.
+    A local weights file (the cfg's ``file``) is read here, weights only, and any fault of it raises naming the file;
+    its classifier gives the number of classes of the weights, so a checkpoint of another number of classes loads
+    with its head, and a ``num_classes`` that differs resets the head as for timm's own weights. Weights of any source
+    that do not fit the model raise naming what differs. All raise :class:`PretrainedWeightsError`.
+    """
+    if isinstance(pretrained_cfg, str):
+        _check_tag(variant, pretrained_cfg)
+    overlay = dict(pretrained_cfg_overlay or {})
+    if not pretrained:
+        return build_model_with_cfg(
+            model_cls, variant, False, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
+            pretrained_filter_fn=pretrained_filter_fn, pretrained_strict=pretrained_strict, **kwargs)
+
+    cfg = resolve_pretrained_cfg(variant, pretrained_cfg, dict(overlay))
+    location, trained_as = _weights_location(cfg, variant), None
+    if cfg.file and cfg.source not in ('hf-hub', 'local-dir') and cfg.state_dict is None and not cfg.custom_load:
+        try:
+            checkpoint = read_checkpoint(cfg.file)
+            state_dict = weights_of(checkpoint, cfg.file)
+        except WeightsFileError as e:
+            if 'file' in overlay:
+                raise
+            raise PretrainedWeightsError(
+                f'The weights of {variant}.{cfg.tag} ship with timm-hbf as {e.path}, which {e.problem}: the '
+                'installation is incomplete. Reinstall timm-hbf (pip install --force-reinstall --no-deps timm-hbf).'
+            ) from e
+        trained_as = checkpoint.get('arch') if isinstance(checkpoint.get('arch'), str) else None
+        overlay['state_dict'] = state_dict  # timm loads it from memory: the file is read once
+        head = state_dict.get(f'{cfg.classifier}.weight') if isinstance(cfg.classifier, str) else None
+        if head is not None:
+            overlay.setdefault('num_classes', head.shape[0])
+
+    def filter_and_check(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, Any]:
+        """The model's own filter, then the check that the weights fit, apart from what timm adapts: the input
+        layer (to ``in_chans``) and, where the number of classes differs, the classifier (left out)."""
+        if pretrained_filter_fn is not None:
+            state_dict = pretrained_filter_fn(state_dict, model)
+        head_kept = not kwargs.get('features_only') and model.num_classes == overlay.get('num_classes', cfg.num_classes)
+        mismatch = state_dict_mismatch(
+            model.state_dict(), state_dict, strict=pretrained_strict,
+            ignored=() if head_kept else _names(cfg.classifier), any_shape=_names(cfg.first_conv))
+        if mismatch:
+            saved_from = f' They were saved from a {trained_as}.' if trained_as not in (None, variant) else ''
+            raise PretrainedWeightsError(
+                f'{location} does not fit {variant} as built: {mismatch}.{saved_from} Create the model the weights '
+                'were trained as, with the same model arguments (those of train.py --model and --model-kwargs).')
+        return state_dict
+
+    model = build_model_with_cfg(
+        model_cls, variant, True, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
+        pretrained_filter_fn=filter_and_check, pretrained_strict=pretrained_strict, **kwargs)
+    for module in model.modules():  # the model and, with features_only, the model it wraps: keep no copy of weights
+        if isinstance(getattr(module, 'pretrained_cfg', None), dict):
+            module.pretrained_cfg.pop('state_dict', None)
+    return model
+
+
+def _check_tag(variant: str, tag: str) -> None:
+    cfgs = get_arch_pretrained_cfgs(variant)
+    if f'{variant}.{tag}' not in cfgs:
+        raise PretrainedWeightsError(f"{variant} has no pretrained tag '{tag}'. {_tags(variant, cfgs)}")
+
+
+def _tags(variant: str, cfgs: Dict[str, PretrainedCfg]) -> str:
+    """The tags of ``variant``, those with weights first, and how to load other weights."""
+    with_weights = [name for name, cfg in cfgs.items() if cfg.has_weights]
+    without = [name for name in cfgs if name not in with_weights]
+    if not with_weights:
+        return f'No tag of {variant} has weights yet (its tags: {", ".join(without) or "none"}). {OWN_WEIGHTS}'
+    without = f'; without: {", ".join(without)}' if without else ''
+    return f'Tags with weights: {", ".join(with_weights)}{without}. {OWN_WEIGHTS}'
+
+
+def _weights_location(cfg: PretrainedCfg, variant: str) -> str:
+    """Where ``cfg`` has its weights, for messages; raises if it has none."""
+    if cfg.state_dict is not None:
+        return 'the state_dict of pretrained_cfg'
+    location = cfg.file or (cfg.hf_hub_id and f'hf-hub:{cfg.hf_hub_id}') or cfg.url
+    if not location:
+        name = f'{variant}.{cfg.tag}' if cfg.tag else variant
+        raise PretrainedWeightsError(
+            f'{name} has no pretrained weights. {_tags(variant, get_arch_pretrained_cfgs(variant))} '
+            'Or create it with pretrained=False.')
+    return location
+
+
+def _names(layers: Union[None, str, Iterable[str]]) -> Set[str]:
+    """The weight and bias names of a cfg's ``first_conv`` or ``classifier`` (one layer, several, or none)."""
+    layers = (layers,) if isinstance(layers, str) else layers or ()
+    return {f'{layer}.{param}' for layer in layers for param in ('weight', 'bias')}
+
+
+def state_dict_mismatch(
+        expected: Dict[str, torch.Tensor],
+        given: Dict[str, torch.Tensor],
+        strict: bool = True,
+        ignored: Iterable[str] = (),
+        any_shape: Iterable[str] = (),
+        shown: int = 3,
+) -> str:
+    """What keeps ``given`` from loading where ``expected`` is, in a few words ('' when nothing does).
+
+    Args:
+        expected: The model's state dict.
+        given: The weights.
+        strict: Count the model's entries that the weights lack.
+        ignored: Names left out on both sides (a head that is replaced).
+        any_shape: Names whose shape may differ (an input layer that timm adapts).
+        shown: How many names of each kind to show.
+    """
+    def some(names: List[str]) -> str:
+        return ', '.join(names[:shown]) + (', ...' if len(names) > shown else '')
+
+    ignored, any_shape = set(ignored), set(any_shape)
+    missing = [k for k in expected if k not in given and k not in ignored] if strict else []
+    unexpected = [k for k in given if k not in expected and k not in ignored]
+    shapes = [f'{k} {tuple(given[k].shape)} for {tuple(v.shape)}' for k, v in expected.items()
+              if k in given and k not in ignored | any_shape and given[k].shape != v.shape]
+    return '; '.join(f'{len(names)} {what} ({some(names)})' for names, what in (
+        (missing, 'missing'), (unexpected, 'unexpected'), (shapes, 'of another shape')) if names)
+
+
+def read_checkpoint(path: Union[str, Path]) -> Any:
+    """The content of a weights file: a ``.safetensors`` file, or any other as a ``torch.save`` checkpoint unpickled
+    weights only (tensors, containers, and the argument namespace of train.py).
+
+    Raises :class:`WeightsFileError` where it is missing, a folder, empty, truncated, damaged, of another format than
+    its name says, or holds Python objects besides tensors.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise WeightsFileError(path, 'does not exist', 'Check the path.')
+    if path.is_dir():
+        raise WeightsFileError(path, 'is a folder, not a weights file', 'Name the weights file in it.')
+    size = path.stat().st_size
+    with path.open('rb') as f:
+        head = f.read(32)
+    if size < 9:  # no weights file is this short: safetensors alone starts with 8 bytes of header size
+        raise WeightsFileError(path, 'is empty' if size == 0 else f'holds only {size} bytes, too few for weights',
+                               CUT_SHORT)
+    written_as = _format(head)
+    if written_as is None and head.startswith(b'version https://git-lfs'):
+        raise WeightsFileError(path, 'is a Git LFS pointer, not the weights', 'Fetch the file with `git lfs pull`.')
+    if written_as is None:
+        raise WeightsFileError(
+            path, f'is neither a safetensors file nor a torch.save checkpoint (it starts with {head[:16]!r})',
+            'Name a checkpoint of train.py, or weights saved by torch.save or safetensors.torch.save_file.')
+    named_as = 'safetensors' if path.suffix == '.safetensors' else 'torch.save'
+    if written_as != named_as:
+        raise WeightsFileError(
+            path, f'is a {written_as} file, but its name says {named_as}',
+            f'Rename it to end in {".safetensors" if written_as == "safetensors" else ".pth"}.')
+    return _read_safetensors(path, head, size) if written_as == 'safetensors' else _read_torch(path, head)
+
+
+def _format(head: bytes) -> Optional[str]:
+    """'safetensors' or 'torch.save' from the first bytes of a file, None for anything else."""
+    if head[8:9] == b'{' and int.from_bytes(head[:8], 'little') < 1 << 32:  # safetensors: JSON header size, header
+        return 'safetensors'
+    if head.startswith(b'PK\x03\x04') or head.startswith(b'\x80'):  # torch.save: a zip archive, or a pickle (legacy)
+        return 'torch.save'
+    return None
+
+
+def _truncated(path: Path, detail: str) -> WeightsFileError:
+    return WeightsFileError(path, f'is truncated ({detail})', CUT_SHORT)
+
+
+def _damaged(path: Path, reader: str, err: Exception) -> WeightsFileError:
+    return WeightsFileError(path, f'is damaged: {reader} cannot read it ({type(err).__name__}: {err})', AGAIN)
+
+
+def _read_safetensors(path: Path, head: bytes, size: int) -> Dict[str, torch.Tensor]:
+    header_end = 8 + int.from_bytes(head[:8], 'little')
+    if header_end > size:
+        raise _truncated(path, f'its header alone takes {header_end} bytes, the file has {size}')
+    with path.open('rb') as f:
+        f.seek(8)
+        try:
+            header = json.loads(f.read(header_end - 8))
+            data_end = header_end + max(
+                (entry['data_offsets'][1] for name, entry in header.items() if name != '__metadata__'), default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            raise _damaged(path, 'its header', e) from e
+    if data_end > size:
+        raise _truncated(path, f'its header describes {data_end} bytes, the file has {size}')
+    try:
+        return safetensors.torch.load_file(path)
+    except safetensors.SafetensorError as e:
+        raise _damaged(path, 'safetensors', e) from e
+
+
+def _read_torch(path: Path, head: bytes) -> Any:
+    if head.startswith(b'PK') and not zipfile.is_zipfile(path):  # the archive's directory, at its end, is gone
+        raise _truncated(path, 'its zip archive has no end')
+    # train.py stores its arguments as an argparse.Namespace: allow that one class, which only holds attributes
+    has_safe_globals = hasattr(torch.serialization, 'safe_globals')
+    with torch.serialization.safe_globals([argparse.Namespace]) if has_safe_globals else nullcontext():
+        try:
+            return torch.load(path, map_location='cpu', weights_only=True)
+        except pickle.UnpicklingError as e:
+            upgrade = '' if has_safe_globals else (
+                f' Checkpoints of train.py (they hold an argparse.Namespace) need torch 2.5 or newer; this is torch '
+                f'{torch.__version__}.')
+            raise WeightsFileError(
+                path, f'holds Python objects besides tensors ({e})',
+                'It is not unpickled any further, since that could run code: save the state dict alone '
+                f'(model.state_dict()) with torch.save or safetensors.torch.save_file.{upgrade}') from e
+        except Exception as e:  # the reader's errors of a damaged archive or pickle (legacy format: truncation too)
+            raise _damaged(path, 'torch.load', e) from e
+
+
+def weights_of(checkpoint: Any, path: Union[str, Path], keys: Iterable[str] = WEIGHTS_KEYS) -> Dict[str, torch.Tensor]:
+    """The state dict in ``checkpoint`` (what :func:`read_checkpoint` read from ``path``): the entry of the first of
+    ``keys`` it has (a checkpoint of train.py), else the checkpoint itself; ``module.`` prefixes removed."""
+    weights = checkpoint
+    if isinstance(checkpoint, dict):
+        weights = next((checkpoint[k] for k in keys if isinstance(checkpoint.get(k), dict)), checkpoint)
+    if not isinstance(weights, dict) or not weights or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise WeightsFileError(
+            path, 'holds no weights: it is neither a checkpoint of train.py nor a state dict (names to tensors)',
+            'Name the file that train.py or torch.save(model.state_dict(), PATH) wrote.')
+    return clean_state_dict(weights)
