@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from timm.layers import set_fused_attn
 from timm.models.vision_transformer import Block
 
@@ -70,7 +71,8 @@ OPTIONS = pytest.mark.parametrize('options', [
 @OPTIONS
 @pytest.mark.parametrize('mask', ['none', 'boolean', 'additive', 'causal'])
 def test_both_paths_compute_the_formula_forward_and_backward(options, mask):
-    """In float64: the fused path with gradients (key-norm channel), without (key-norm mask row) and the reference."""
+    """In float64: the fused path (with gradients and without, which SDPA serves with other kernels) and the
+    reference path."""
     fused, reference = make_pair(torch.float64, **options)
     x = layer_normed(2, 11, 48).double() * 2
     kwargs, additive = masks(11)[mask]
@@ -117,7 +119,7 @@ def test_weights_stay_within_a_percent_of_float64_under_bf16(sharpen):
     gamma = layer.kernel.gamma().reshape(-1, 1, 1) * sharpen
     exact = torch.softmax(-gamma.double() * torch.cdist(q.double(), k.double()).square(), dim=-1)
     identity = torch.eye(tokens, head_dim, dtype=torch.bfloat16).expand(2, heads, tokens, head_dim)
-    for grad in (True, False):  # the training and the inference arguments of SDPA
+    for grad in (True, False):  # SDPA's kernels for training and for inference
         with torch.set_grad_enabled(grad):
             weights = gaussian_sdpa(q.clone().requires_grad_(grad), k, identity, gamma)
         assert (weights.double() - exact).norm() <= 1e-2 * exact.norm()
@@ -184,11 +186,57 @@ def test_one_width_per_head_or_per_layer():
     assert HyperBFAttention(48, num_heads=3, gamma_per_head=False).kernel.log_gamma.shape == (1,)
 
 
-def test_bad_arguments_name_the_problem():
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('grad', [True, False], ids=['training', 'inference'])
+def test_fused_path_pads_q_k_and_v_to_a_multiple_of_8_on_every_device(dtype, grad, monkeypatch):
+    """A head width of 64 takes one key-norm channel in float32 and two in half precision (the term and its rounding
+    error): 65 or 66 wide, padded to 72, the widths CUDA's half-precision kernels take."""
+    widths = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording_sdpa(q, k, v, *args, **kwargs):
+        widths.append((q.shape[-1], k.shape[-1], v.shape[-1], q.dtype))
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', recording_sdpa)
+    with torch.set_grad_enabled(grad):
+        HyperBFAttention(192, num_heads=3, dtype=dtype)(layer_normed(2, 9, 192).to(dtype))
+    assert widths == [(72, 72, 72, dtype)]
+
+
+@pytest.mark.parametrize('fused', [True, False], ids=['fused', 'reference'])
+def test_a_mask_together_with_is_causal_is_refused_on_both_paths(fused):
+    """As F.scaled_dot_product_attention refuses them: the causal mask belongs in attn_mask to combine the two."""
+    attn = HyperBFAttention(48, num_heads=3)
+    attn.fused_attn = fused
+    with pytest.raises((ValueError, RuntimeError), match='attn_mask.*is_causal'):
+        attn(layer_normed(2, 9, 48), attn_mask=torch.ones(9, 9, dtype=torch.bool), is_causal=True)
+
+
+def test_dim_and_heads_that_do_not_fit_are_rejected_with_both_named():
     with pytest.raises(ValueError, match=r'dim \(50\) must be divisible by num_heads \(3\)'):
         HyperBFAttention(50, num_heads=3)
+    with pytest.raises(ValueError, match=r'num_heads must be an integer >= 1, got 0'):
+        HyperBFAttention(48, num_heads=0)
     with pytest.raises(ValueError, match='qk_norm and scale_norm need a norm_layer'):
         HyperBFAttention(48, num_heads=3, qk_norm=True)
+
+
+@pytest.mark.parametrize('width', [0., -0.1, float('inf'), float('nan')])
+def test_a_width_that_is_not_finite_and_positive_is_rejected_with_the_argument_named(width):
+    with pytest.raises(ValueError, match=rf'gamma_init \(the initial attention width.*\) must be a finite number > 0, '
+                                         rf'got {width}'):
+        HyperBFAttention(48, num_heads=3, gamma_init=width)
+
+
+def test_no_width_means_the_default_width():
+    torch.testing.assert_close(HyperBFAttention(48, num_heads=3, gamma_init=None).kernel.gamma(),
+                               torch.full((3,), 1 / (2 * math.sqrt(16))))
+
+
+def test_a_switch_that_is_not_a_bool_is_rejected_with_the_argument_named():
+    with pytest.raises(TypeError, match=r"gamma_per_head must be True or False, got 'no' \(str\)"):
+        HyperBFAttention(48, num_heads=3, gamma_per_head='no')
 
 
 def test_scripted_layer_gives_the_outputs_and_gradients_of_the_eager_one():

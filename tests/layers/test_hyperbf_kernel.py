@@ -99,11 +99,23 @@ def test_laplacian_gradient_is_finite_at_zero_distance():
     assert torch.isfinite(x.grad).all()
 
 
-def test_unknown_kernel_and_bad_gamma_are_rejected():
-    with pytest.raises(ValueError, match="Unknown HyperBF kernel 'cauchy'"):
+def test_an_unknown_kernel_is_rejected_with_the_choices_named():
+    with pytest.raises(ValueError, match=r"kernel must be one of \('gaussian', 'laplacian'\), got 'cauchy'"):
         HyperBFKernel(4, kernel='cauchy')
-    with pytest.raises(ValueError, match='gamma_init must be positive'):
-        HyperBFKernel(4, gamma_init=0.)
+
+
+@pytest.mark.parametrize('name, value, error, message', [
+    ('gamma_init', 0., ValueError, r'gamma_init \(the initial kernel width\) must be a finite number > 0, got 0.0'),
+    ('gamma_init', float('inf'), ValueError, r'gamma_init .* must be a finite number > 0, got inf'),
+    ('gamma_init', '0.1', TypeError, r"gamma_init .* must be a finite number > 0, got '0.1' \(str\)"),
+    ('eps', 0., ValueError, r"eps \(the Laplacian's offset under the square root\) must be a finite number > 0"),
+    ('num_widths', 0, ValueError, r'num_widths must be an integer >= 1, got 0'),
+    ('num_widths', 2.5, TypeError, r'num_widths must be an integer >= 1, got 2.5 \(float\)'),
+    ('mahalanobis', 'yes', TypeError, r"mahalanobis must be True or False, got 'yes' \(str\)"),
+])
+def test_a_bad_argument_is_rejected_with_its_name_its_value_and_what_is_allowed(name, value, error, message):
+    with pytest.raises(error, match=message):
+        HyperBFKernel(4, **{name: value})
 
 
 def test_reset_parameters_restores_the_init():

@@ -261,3 +261,115 @@ def test_exportable_builds_take_the_reference_path():
 def test_attention_widths_start_at_half_the_inverse_root_head_width_by_default():
     model = small()
     torch.testing.assert_close(model.blocks[0].attn.kernel.gamma(), torch.full((3,), 1 / (2 * math.sqrt(64))))
+
+
+# --- arguments a user may get wrong ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('width', [0., -1., float('inf'), float('nan')])
+def test_a_zero_or_non_finite_attention_width_is_rejected_with_the_argument_named(width):
+    """0 is not taken as "the default" (None is): a width is > 0 and finite."""
+    with pytest.raises(ValueError, match=rf'attn_gamma_init \(the initial attention width; None for the default\) '
+                                         rf'must be a finite number > 0, got {width}'):
+        small(attn_gamma_init=width)
+
+
+def test_an_attention_width_that_is_not_a_number_is_rejected_with_the_argument_named():
+    with pytest.raises(TypeError, match=r"attn_gamma_init .* must be a finite number > 0, got '0.1' \(str\)"):
+        small(attn_gamma_init='0.1')
+
+
+def test_no_attention_width_means_the_default_and_a_given_one_is_kept():
+    torch.testing.assert_close(small(attn_gamma_init=None).blocks[0].attn.kernel.gamma(),
+                               torch.full((3,), 1 / (2 * math.sqrt(64))))
+    torch.testing.assert_close(small(attn_gamma_init=0.3).blocks[1].attn.kernel.gamma(), torch.full((3,), 0.3))
+
+
+def test_an_unknown_kernel_is_rejected_with_the_choices_named():
+    with pytest.raises(ValueError, match=r"kernel must be one of \('gaussian', 'laplacian'\), got 'Gaussian'"):
+        small(kernel='Gaussian')
+
+
+@pytest.mark.parametrize('name', ['mahalanobis', 'mlp_normalized', 'attn_gamma_per_head'])
+@pytest.mark.parametrize('value', ['False', 1])
+def test_a_switch_that_is_not_a_bool_is_rejected_with_the_argument_named(name, value):
+    """'False' would be taken as true, and 1 would pass for a choice the user did not spell out. (None is dropped by
+    ``timm.create_model``, which then builds the default.)"""
+    with pytest.raises(TypeError, match=rf'{name} must be True or False, got {value!r}'):
+        small(**{name: value})
+
+
+def test_an_mlp_with_no_centres_is_rejected_with_the_argument_named():
+    """mlp_ratio=0 gives no centres; it is not silently replaced by embed_dim centres."""
+    with pytest.raises(ValueError, match=r'hidden_features \(the number of centres; mlp_ratio \* embed_dim in a ViT\) '
+                                         r'must be an integer >= 1, got 0'):
+        small(mlp_ratio=0.)
+
+
+# --- every batch timm's ViT takes ------------------------------------------------------------------------------------
+
+def vit_and_hyperbf(path: str):
+    """timm's ViT-Ti at the CIFAR setting and a vit_hyperbf_tiny of the same size, two blocks each, the latter on the
+    attention ``path`` ('fused' or 'reference')."""
+    torch.manual_seed(0)
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, num_classes=10, depth=2)
+    hyperbf = small()
+    for block in hyperbf.blocks:
+        block.attn.fused_attn = path == 'fused'
+    return vit, hyperbf
+
+
+def logits_and_step(model, x):
+    """Eval logits of ``x``, after a training step's forward and backward pass on it in which every parameter gets a
+    finite gradient."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    logits = model(x)
+    logits.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert logits.shape == (x.shape[0], model.num_classes) and logits.dtype == x.dtype
+    model.eval()
+    with torch.no_grad():
+        return model(x)
+
+
+PATHS = pytest.mark.parametrize('path', ['fused', 'reference'])
+
+
+@PATHS
+def test_an_empty_batch_gives_empty_logits_as_for_timms_vit(path):
+    vit, hyperbf = vit_and_hyperbf(path)
+    x = images(batch=0)
+    assert logits_and_step(vit, x).shape == (0, 10)
+    assert logits_and_step(hyperbf, x).shape == (0, 10)
+
+
+@PATHS
+def test_one_image_gives_the_logits_it_gets_in_a_batch(path):
+    vit, hyperbf = vit_and_hyperbf(path)
+    x = images(batch=3)
+    logits_and_step(vit, x[:1])
+    torch.testing.assert_close(logits_and_step(hyperbf, x[:1]), logits_and_step(hyperbf, x)[:1], atol=1e-5, rtol=1e-5)
+
+
+@PATHS
+@pytest.mark.parametrize('layout', ['channels_last', 'non_contiguous'])
+def test_a_channels_last_or_strided_input_gives_the_logits_of_its_contiguous_copy(path, layout):
+    vit, hyperbf = vit_and_hyperbf(path)
+    x = images(batch=3, size=64)[:, :, ::2, ::2] if layout == 'non_contiguous' else \
+        images(batch=3).contiguous(memory_format=torch.channels_last)
+    assert not x.is_contiguous()
+    logits_and_step(vit, x)
+    torch.testing.assert_close(logits_and_step(hyperbf, x), logits_and_step(hyperbf, x.contiguous()))
+
+
+@PATHS
+@pytest.mark.parametrize('dtype, tolerance', [(torch.bfloat16, 2e-2), (torch.float16, 5e-3)], ids=['bf16', 'fp16'])
+def test_a_half_precision_model_runs_on_the_cpu_close_to_float32(path, dtype, tolerance):
+    """Model and input in bf16 or fp16 (no autocast), as timm's ViT takes them: a training step, and logits in that
+    dtype within a relative error (norm-wise; about 3 to 6 times what it was when written) of the float32 model's."""
+    vit, hyperbf = vit_and_hyperbf(path)
+    x = images(batch=4)
+    expected = logits_and_step(hyperbf, x).double()
+    logits_and_step(vit.to(dtype), x.to(dtype))
+    logits = logits_and_step(hyperbf.to(dtype), x.to(dtype)).double()
+    assert (logits - expected).norm() < tolerance * expected.norm()

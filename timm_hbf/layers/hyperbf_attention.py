@@ -10,42 +10,28 @@ from typing import Optional, Type
 import torch
 import torch.fx
 import torch.nn.functional as F
-from timm.layers import use_fused_attn
+from timm.layers import maybe_add_mask, use_fused_attn
 from torch import nn
 from torch.jit import Final
 
-from .hyperbf_kernel import HyperBFKernel
+from .hyperbf_kernel import HyperBFKernel, check_count, check_flag, check_positive
 
 __all__ = ['HyperBFAttention', 'additive_mask', 'gaussian_sdpa']
 
-
-def additive_mask(
-        attn_mask: Optional[torch.Tensor],
-        is_causal: bool,
-        num_queries: int,
-        num_keys: int,
-        like: torch.Tensor,
-) -> Optional[torch.Tensor]:
-    """``attn_mask`` and ``is_causal`` as ``F.scaled_dot_product_attention`` reads them, turned into one additive
-    mask in the dtype of ``like`` (``None`` for none): a boolean mask marks with True what may be attended to, a float
-    mask is added to the logits, and causal masking hides the keys after each query's position."""
-    mask: Optional[torch.Tensor] = None
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            mask = torch.zeros(attn_mask.shape, dtype=like.dtype, device=like.device).masked_fill(
-                attn_mask.logical_not(), float('-inf'))
-        else:
-            mask = attn_mask.to(like.dtype)
+def additive_mask(attn_mask: Optional[torch.Tensor], is_causal: bool, logits: torch.Tensor) -> Optional[torch.Tensor]:
+    """``attn_mask`` or ``is_causal`` as ``F.scaled_dot_product_attention`` reads them, as one additive mask for
+    ``logits (..., N, M)`` (``None`` for none): a boolean mask marks with True what may be attended to, a float mask is
+    added, and causal masking hides the keys after each query's position. (timm's ``resolve_self_attn_mask`` does this
+    from timm 1.0.26 on; the oldest timm we support has no such helper.)"""
     if is_causal:
-        causal = torch.ones(num_queries, num_keys, dtype=torch.bool, device=like.device).tril()
-        causal = torch.zeros(causal.shape, dtype=like.dtype, device=like.device).masked_fill(
-            causal.logical_not(), float('-inf'))
-        mask = causal if mask is None else mask + causal
-    return mask
-
-
-def _is_half(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float16 or x.dtype == torch.bfloat16
+        if attn_mask is not None:
+            raise ValueError('attn_mask and is_causal=True were both given: pass one (F.scaled_dot_product_attention '
+                             'takes one as well); fold the causal mask into attn_mask to combine them.')
+        return torch.full(logits.shape[-2:], float('-inf'), dtype=logits.dtype, device=logits.device).triu_(1)
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    return torch.zeros(attn_mask.shape, dtype=logits.dtype, device=logits.device).masked_fill_(
+        attn_mask.logical_not(), float('-inf'))
 
 
 def gaussian_sdpa(
@@ -61,43 +47,26 @@ def gaussian_sdpa(
     distance matrix outside the kernel: ``q, k, v (B, H, N, D)``, ``gamma (H or 1, 1, 1)``, mask as SDPA takes it.
 
     Along a softmax over keys the query norm is a constant, so the logits are ``2 gamma q_i . k_j - gamma ||k_j||^2``:
-    a dot product plus a row that depends on the key alone. Two ways to give SDPA that row, by what it can do:
-
-    * extra channels, ``[q, 1] . [2 gamma k, -gamma ||k||^2]``, with ``v`` zero-padded to the same width (a
-      multiple of 8 on CUDA, as its flash kernels want). In half precision the key-norm term is split over two
-      channels, its rounding and the remainder, which the kernel's float32 accumulation adds back together: rounded
-      to one bf16 number it would be off by up to ``gamma ||k||^2 / 256``.
-    * for CPU inference in float32: an additive mask row on the queries scaled by ``2 gamma``, which torch's CPU flash
-      kernel takes at the head width of ``q`` (it has no backward pass for masks, and autocast would round the mask
-      to bf16).
+    the dot products ``[q, 1] . [2 gamma k, -gamma ||k||^2]``, with ``v`` zero-padded to the same width (and all three
+    to a multiple of 8). In half precision the key-norm term is split over two channels, its rounding and the
+    remainder, which the kernel's float32 accumulation adds back together: rounded to one bf16 number it would be off
+    by up to ``gamma ||k||^2 / 256``.
     """
-    num_keys, dim = k.shape[-2], k.shape[-1]
-    wide = torch.promote_types(k.dtype, torch.float32)
-    k_wide = k.to(wide)
+    dim = q.shape[-1]
+    k_wide = k.to(torch.promote_types(k.dtype, torch.float32))
     key_term = -gamma * torch.linalg.vecdot(k_wide, k_wide).unsqueeze(-1)  # (B, H, N, 1)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                              or gamma.requires_grad)
-    if needs_grad or q.is_cuda or _is_half(q):
-        key_channels = [key_term.to(k.dtype)]
-        if _is_half(k):
-            key_channels.append((key_term - key_channels[0].to(wide)).to(k.dtype))
-        width = dim + len(key_channels)
-        pad = (-width % 8) if q.is_cuda else 0  # q's extra channels are all 1: only those facing key terms count
-        extra = k.shape[:-1] + (width + pad - dim,)
-        if pad:
-            key_channels.append(k.new_zeros(()).expand(k.shape[:-1] + (pad,)))
-        q = torch.cat([q, q.new_ones(()).expand(extra)], dim=-1)
-        k = torch.cat([(2. * gamma * k).to(k.dtype)] + key_channels, dim=-1)
-        v = torch.cat([v, v.new_zeros(()).expand(extra)], dim=-1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=1.)
-        return out[..., :dim]
-    mask = key_term.transpose(-1, -2)  # (B, H, 1, N)
-    extra = additive_mask(attn_mask, is_causal, q.shape[-2], num_keys, mask)
-    if extra is not None:
-        mask = mask + extra
-    return F.scaled_dot_product_attention(
-        (2. * gamma * q).to(q.dtype), k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.)
+    keys = [(2. * gamma * k).to(k.dtype), key_term.to(k.dtype)]
+    if k.dtype == torch.float16 or k.dtype == torch.bfloat16:
+        keys.append((key_term - keys[1]).to(k.dtype))
+    k = torch.cat(keys, dim=-1)
+    pad = -k.shape[-1] % 8  # everywhere: CUDA's half-precision kernels need it; on the CPU it costs no time
+    k = F.pad(k, (0, pad))  # zeros: whatever q holds there adds nothing
+    extra = k.shape[-1] - dim
+    q = F.pad(q, (0, extra), value=1.)
+    v = F.pad(v, (0, extra))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=1.)
+    return out[..., :dim]
 
 
 # Leaves for torch.fx: their branches read tensor properties, which a symbolic trace cannot.
@@ -117,9 +86,9 @@ class HyperBFAttention(nn.Module):
     the key-norm term, which the softmax does not ignore).
 
     Two paths, as in timm's ``Attention``: the fused path (Gaussian kernel, ``timm.layers.use_fused_attn()``) runs
-    ``F.scaled_dot_product_attention`` on the dot-product form of the logits (:func:`gaussian_sdpa`); the reference
-    path computes the distances explicitly, and serves the Laplacian kernel, ``TIMM_FUSED_ATTN=0`` and exportable
-    builds.
+    ``F.scaled_dot_product_attention`` on the dot-product form of the logits (:func:`gaussian_sdpa`), on every device
+    and in every dtype; the reference path computes the distances explicitly, and serves the Laplacian kernel,
+    ``TIMM_FUSED_ATTN=0`` and exportable builds.
 
     Args:
         dim: Token dimension.
@@ -134,7 +103,7 @@ class HyperBFAttention(nn.Module):
         kernel: ``'gaussian'`` or ``'laplacian'``.
         mahalanobis: Learn a metric ``W^T W`` over each head's q/k space (shared by the heads).
         gamma_per_head: One width per head (default) or one shared by all heads of the layer.
-        gamma_init: Initial width (default ``1 / (2 sqrt(head_dim))``).
+        gamma_init: Initial width, a finite number > 0 (``None``: ``1 / (2 sqrt(head_dim))``).
     """
     fused_attn: Final[bool]
 
@@ -157,8 +126,14 @@ class HyperBFAttention(nn.Module):
             dtype=None,
     ) -> None:
         super().__init__()
+        check_count('dim', dim)
+        check_count('num_heads', num_heads)
         if dim % num_heads:
             raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads}).')
+        check_flag('gamma_per_head', gamma_per_head)
+        if gamma_init is None:
+            gamma_init = 1. / (2. * math.sqrt(dim // num_heads))
+        check_positive('gamma_init', gamma_init, 'the initial attention width; None for 1 / (2 sqrt(head_dim))')
         if (qk_norm or scale_norm) and norm_layer is None:
             raise ValueError('qk_norm and scale_norm need a norm_layer.')
         dd = {'device': device, 'dtype': dtype}
@@ -170,7 +145,7 @@ class HyperBFAttention(nn.Module):
         self.kernel = HyperBFKernel(
             self.head_dim,
             num_widths=num_heads if gamma_per_head else 1,
-            gamma_init=gamma_init or 1. / (2. * math.sqrt(self.head_dim)),
+            gamma_init=gamma_init,
             kernel=kernel,
             mahalanobis=mahalanobis,
             **dd,
@@ -199,9 +174,7 @@ class HyperBFAttention(nn.Module):
             )
         else:
             attn = self.kernel.log_kernel(q, k, gamma)
-            mask = additive_mask(attn_mask, is_causal, N, N, attn)
-            if mask is not None:
-                attn = attn + mask
+            attn = maybe_add_mask(attn, additive_mask(attn_mask, is_causal, attn))
             attn = self.attn_drop(attn.softmax(dim=-1))
             x = attn.to(v.dtype) @ v
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.jit import Final
 
-from .hyperbf_kernel import HyperBFKernel
+from .hyperbf_kernel import HyperBFKernel, check_count, check_flag
 
 __all__ = ['HyperBFMlp', 'init_gamma']
 
@@ -35,21 +35,15 @@ class HyperBFMlp(nn.Module):
     the units' nonlinearity), ``norm_layer`` normalises the unit activations before the readout (``scale_mlp_norm``),
     ``bias`` is the readout's.
 
-    Initialisation keeps every unit alive on LayerNorm'd inputs. Such inputs lie near the sphere of radius
-    ``sqrt(D)``, and centres start as ``N(0, I)``, so ``||x - t||^2`` concentrates around ``2 D`` (within about
-    ``2 sqrt(D)``). The authors' ``gamma = 0.1`` gives about ``exp(-0.1 * 2D) = exp(-154)`` at ``D = 768``,
-    which is exactly zero in fp32: no unit fires and no gradient flows. Here the width starts at the data scale,
-    ``gamma = 1 / (2 D)`` (``sigma^2 = D``), so ``K`` is about ``exp(-1)`` at init; units start wide and almost linear
-    in ``x . t`` and sharpen as their widths are learned. Normalised units start at ``gamma = 1 / (2 sqrt(D))``, the
-    scale of dot-product attention over the centres (see :func:`init_gamma`, also for the Laplacian).
-
-    The distance expansion makes the cost one matrix product of width ``num_centers`` plus the readout, that of an
-    MLP of the same hidden width; for training it keeps the input, its squared norm and the unit activations.
+    Every unit is alive at init: on LayerNorm'd inputs and ``N(0, I)`` centres ``||x - t||^2`` is about ``2 D``, so
+    the widths start at ``gamma = 1 / (2 D)``, where ``K`` is about ``exp(-1)`` (:func:`init_gamma`); the authors'
+    ``gamma = 0.1`` gives ``exp(-154)`` at ``D = 768``, zero in fp32, and no gradient (docs/hyperbf.md). The layer
+    costs one matrix product of width ``num_centers`` plus the readout, as an MLP of the same hidden width does.
 
     Args:
         in_features: Input dimension ``D``.
-        hidden_features: Number of centres (default ``in_features``).
-        out_features: Output dimension (default ``in_features``).
+        hidden_features: Number of centres, at least 1 (``None``: ``in_features``).
+        out_features: Output dimension (``None``: ``in_features``).
         act_layer: Unused; accepted as timm's ``Block`` passes it.
         norm_layer: Norm over the unit activations before the readout (none by default).
         bias: Bias ``b`` of the readout.
@@ -78,8 +72,12 @@ class HyperBFMlp(nn.Module):
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        hidden_features = hidden_features or in_features
-        out_features = out_features or in_features
+        hidden_features = in_features if hidden_features is None else hidden_features
+        out_features = in_features if out_features is None else out_features
+        check_count('in_features', in_features)
+        check_count('hidden_features (the number of centres; mlp_ratio * embed_dim in a ViT)', hidden_features)
+        check_count('out_features', out_features)
+        check_flag('normalized', normalized)
         self.normalized = normalized
         self.centers = nn.Parameter(torch.empty(hidden_features, in_features, **dd))
         self.kernel = HyperBFKernel(

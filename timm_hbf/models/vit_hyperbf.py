@@ -21,11 +21,13 @@ from typing import Any, Dict, Optional, Set
 
 import torch
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
 from ..layers import HyperBFAttention, HyperBFMlp
+from ..layers.hyperbf_kernel import check_flag, check_kernel, check_positive
+from ._builder import build_model
 
 __all__ = ['VisionTransformerHyperBF']
 
@@ -52,7 +54,8 @@ class VisionTransformerHyperBF(VisionTransformer):
         mahalanobis: Learn a Mahalanobis metric in every HyperBF layer (identity at init).
         mlp_normalized: Softmax-normalised HyperBF MLP units (attention over learned centres).
         attn_gamma_per_head: One attention width per head (default) or one per layer (as the authors' code).
-        attn_gamma_init: Initial attention width (default ``1 / (2 sqrt(head_dim))``, see ``HyperBFAttention``).
+        attn_gamma_init: Initial attention width, a finite number > 0 (``None``: ``1 / (2 sqrt(head_dim))``, see
+            ``HyperBFAttention``).
     """
 
     def __init__(
@@ -64,6 +67,12 @@ class VisionTransformerHyperBF(VisionTransformer):
             attn_gamma_init: Optional[float] = None,
             **kwargs,
     ) -> None:
+        check_kernel('kernel', kernel)
+        check_flag('mahalanobis', mahalanobis)
+        check_flag('mlp_normalized', mlp_normalized)
+        check_flag('attn_gamma_per_head', attn_gamma_per_head)
+        if attn_gamma_init is not None:
+            check_positive('attn_gamma_init', attn_gamma_init, 'the initial attention width; None for the default')
         super().__init__(
             attn_layer=_layer_class(
                 HyperBFAttention, kernel=kernel, mahalanobis=mahalanobis, gamma_per_head=attn_gamma_per_head,
@@ -81,7 +90,7 @@ class VisionTransformerHyperBF(VisionTransformer):
 
 def _create_vit_hyperbf(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerHyperBF:
     out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
+    return build_model(
         VisionTransformerHyperBF,
         variant,
         pretrained,
