@@ -1,28 +1,36 @@
-"""Accuracy runs through timm's train.py and our recipes, with choices made on a validation split, never the test set.
+"""Accuracy through timm's train.py: our models and timm's ViT of the same size trained with one recipe, side by side,
+every choice made on a validation split and the test split measured once.
 
-Each run is ``timm_hbf/recipes/<dataset>/<recipe>/<family>.yaml``. The data folder (ImageFolder layout, ``train/``
-and ``test/``) is first split into ``train/``, ``val/`` and ``test/`` of symbolic links: ``--val-per-class``
-images of every class of ``train/``, evenly spaced, are held out as ``val/`` and never trained on. train.py trains
-on ``train/``, evaluates every epoch on ``val/`` and keeps its best checkpoint by that accuracy; validate.py then
-measures that checkpoint (its EMA weights when the recipe uses EMA) once on ``test/``. Writes ``accuracy.json``
-(every epoch of every run, validation and test top-1, device, versions and commands), ``accuracy.md`` (the table)
-and ``accuracy.png`` (validation top-1 per epoch) into ``--out``.
+The data folder (ImageFolder layout: ``train/`` and ``test/``, one folder per class) is first split into ``train/``,
+``val/`` and ``test/`` of symbolic links: ``--val-per-class`` images of every class of ``train/``, evenly spaced, are
+held out as ``val/`` and never trained on. For every model and seed, train.py trains with the recipe on ``train/``,
+evaluates on ``val/`` after every epoch and keeps its best checkpoint by that accuracy; validate.py then measures that
+checkpoint (its EMA weights where the recipe keeps an EMA) once on ``test/``. Runs go ``--jobs`` at a time (several
+can share a GPU), each logging to ``runs/<model>-seed<seed>.log``. Writes into ``--out``: ``accuracy.json`` (device,
+versions, command, date, every epoch of every run, the summary), ``accuracy.md`` (the table: mean and standard
+deviation over seeds, the test accuracy's ratio to the baseline's) and ``accuracy.png`` (validation top-1 per epoch).
 
+    python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --jobs 3 \\
+        --models vit_hyperbf_tiny vit_qimia_tiny vit_tiny_patch16_224 -- --epochs 100 --amp --amp-dtype bfloat16
     python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 \\
-        --runs cifar10/modern/vit cifar10/modern/vit_hyperbf cifar10/modern/vit_qimia -- --amp --amp-dtype bfloat16
-    python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --nproc 4 \\
-        --runs cifar10/memo143/vit cifar10/memo143/vit_hyperbf
+        --recipe timm_hbf/recipes/cifar10/memo143.yaml --baseline vit_base_patch16_224 \\
+        --models vit_hyperbf_memo143_patch4_32 vit_qimia_base vit_base_patch16_224
+    python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --seeds 0 1 2 \\
+        -- --device cpu --epochs 3 --model-kwargs img_size=32 patch_size=4 depth=4        # a short race on a CPU
 
-``--scripts`` is a checkout of timm's git repository (train.py and validate.py are not installed with timm).
-Arguments after ``--`` go to train.py (``--epochs 10`` overrides the recipe's epochs; ``--device cpu`` without a GPU).
+``--scripts`` is a checkout of timm's git repository: train.py and validate.py are not installed with timm.
+Arguments after ``--`` go to train.py (``--epochs 10`` overrides the recipe's epochs; ``--device cpu`` without a GPU;
+``--model-kwargs`` replaces the recipe's).
 """
 import argparse
 import csv
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -34,21 +42,21 @@ import yaml
 import timm_hbf
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = Path(timm_hbf.__file__).resolve().parent / 'recipes'
+SHORT_RECIPE = Path(timm_hbf.__file__).resolve().parent / 'recipes' / 'cifar10' / 'short.yaml'
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
 
 
-def split_data(source: Path, dest: Path, val_per_class: int) -> Path:
+def split_data(source: Path, test_split: str, dest: Path, val_per_class: int) -> Path:
     """``dest/{train,val,test}`` as symbolic links into ``source``: ``val_per_class`` images of every class of
-    ``source/train``, evenly spaced in name order, go to ``val``; ``test`` is ``source/test`` as it is."""
-    if not (source / 'train').is_dir() or not (source / 'test').is_dir():
-        raise SystemExit(f"--data {source}: expected an ImageFolder layout with train/ and test/ folders (the CIFAR-10 "
-                         f"archive of the README extracts to one).")
+    ``source/train``, evenly spaced in name order, go to ``val``; ``test`` is ``source/<test_split>`` as it is."""
+    if not (source / 'train').is_dir() or not (source / test_split).is_dir():
+        raise SystemExit(f'--data {source}: expected an ImageFolder layout with train/ and {test_split}/ folders '
+                         '(give the folder that holds them; --test-split names another one than test/).')
     for class_dir in sorted(p for p in (source / 'train').iterdir() if p.is_dir()):
         images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if val_per_class >= len(images):
             raise SystemExit(f'--val-per-class {val_per_class} leaves no training image of class {class_dir.name} '
-                             f'({len(images)} images).')
+                             f'({len(images)} images): give fewer.')
         held_out = {i * len(images) // val_per_class for i in range(val_per_class)}
         for i, image in enumerate(images):
             link = dest / ('val' if i in held_out else 'train') / class_dir.name / image.name
@@ -56,28 +64,19 @@ def split_data(source: Path, dest: Path, val_per_class: int) -> Path:
             if not link.is_symlink():
                 link.symlink_to(image.resolve())
     if not (dest / 'test').is_symlink():
-        (dest / 'test').symlink_to((source / 'test').resolve(), target_is_directory=True)
+        (dest / 'test').symlink_to((source / test_split).resolve(), target_is_directory=True)
     return dest
 
 
-def recipe_path(run: str) -> Path:
-    path = RECIPES / f'{run}.yaml'
-    if not path.is_file():
-        known = sorted(str(p.relative_to(RECIPES).with_suffix('')) for p in RECIPES.glob('*/*/*.yaml'))
-        raise SystemExit(f"--runs {run}: no recipe {path}. Recipes: {' '.join(known)}")
-    return path
-
-
-def train_command(args, run: str, data: Path, experiment: str) -> List[str]:
-    launcher = [sys.executable] if args.nproc == 1 else \
-        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(args.nproc)]
-    return [*launcher, '-m', 'timm_hbf.run', str(Path(args.scripts) / 'train.py'), '-c', str(recipe_path(run)),
-            '--data-dir', str(data), '--train-split', 'train', '--val-split', 'val',
-            '--output', str(Path(args.out) / 'runs'), '--experiment', experiment, *args.train_args]
+def train_command(args, model: str, seed: int, data: Path, experiment: str) -> List[str]:
+    return [sys.executable, '-m', 'timm_hbf.run', str(Path(args.scripts) / 'train.py'), '-c', str(args.recipe),
+            '--model', model, '--seed', str(seed), '--data-dir', str(data), '--train-split', 'train',
+            '--val-split', 'val', '--output', str(Path(args.out) / 'runs'), '--experiment', experiment,
+            *args.train_args]
 
 
 def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
-    """validate.py on the test split, with the model, preprocessing and device of the run (``trained``: train.py's
+    """validate.py on the test split with the model, preprocessing and device of the run (``trained``: train.py's
     ``args.yaml``, so that options given after ``--`` count) and its best checkpoint."""
     options = ['--model', trained['model'], '--num-classes', str(trained['num_classes']),
                '--img-size', str(trained['img_size']), '--crop-pct', str(trained['crop_pct']),
@@ -91,31 +90,73 @@ def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
             '--results-file', str(run_dir / 'test.json'), '--results-format', 'json']
 
 
-def read_summary(path: Path) -> List[Dict[str, float]]:
-    """train.py's ``summary.csv``: one dict of floats per epoch."""
-    with open(path, newline='') as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+def run(args, model: str, seed: int, data: Path) -> Dict:
+    """Train one model with one seed, then test its best checkpoint; the commands, every epoch and the accuracies."""
+    experiment = f'{model}-seed{seed}'
+    run_dir = Path(args.out) / 'runs' / experiment
+    if run_dir.exists():
+        raise RuntimeError(f'{run_dir} exists (train.py would add to its summary.csv): remove it or choose another '
+                           '--out.')
+    log = run_dir.with_suffix('.log')
+    log.parent.mkdir(parents=True, exist_ok=True)
+    train = train_command(args, model, seed, data, experiment)
+    print(f'--- {experiment}: {" ".join(train)}  (log: {log})', flush=True)
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    with open(log, 'w') as f:
+        if subprocess.run(train, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
+            raise RuntimeError(f'{experiment}: train.py failed, see {log}')
+        test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()))
+        if subprocess.run(test, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
+            raise RuntimeError(f'{experiment}: validate.py failed, see {log}')
+    with open(run_dir / 'summary.csv', newline='') as f:
+        epochs = [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
+    best = max(epochs, key=lambda e: e['eval_top1'])
+    result = dict(model=model, seed=seed, train_command=train, test_command=test, epochs=epochs,
+                  val_top1=best['eval_top1'], best_epoch=int(best['epoch']),
+                  test_top1=float(json.loads((run_dir / 'test.json').read_text())['top1']))
+    print(f"--- {experiment}: validation {result['val_top1']:.2f} % (epoch {result['best_epoch']}), "
+          f"test {result['test_top1']:.2f} %", flush=True)
+    return result
 
 
-def markdown(runs: List[Dict]) -> str:
-    lines = ['| run | model | epochs | best validation top-1 (%) | at epoch | test top-1 (%) |',
-             '|---|---|---|---|---|---|']
-    for r in runs:
-        lines.append(f"| {r['run']} | `{r['model']}` | {len(r['epochs'])} | {r['val_top1']:.2f} | "
-                     f"{r['best_epoch']} | {r['test_top1']:.2f} |")
+def summarise(runs: List[Dict], baseline: str) -> Dict[str, Dict]:
+    """Per model: mean and sample standard deviation over seeds of validation and test top-1, and the ratio of its
+    mean test top-1 to the baseline's (where the baseline ran)."""
+    summary = {}
+    for model in dict.fromkeys(r['model'] for r in runs):
+        mine = [r for r in runs if r['model'] == model]
+        summary[model] = {metric: dict(mean=statistics.mean(r[metric] for r in mine),
+                                       std=statistics.stdev(r[metric] for r in mine) if len(mine) > 1 else 0.)
+                          for metric in ('val_top1', 'test_top1')}
+        summary[model]['seeds'] = len(mine)
+    for row in summary.values():
+        row['test_ratio_to_baseline'] = \
+            row['test_top1']['mean'] / summary[baseline]['test_top1']['mean'] if baseline in summary else None
+    return summary
+
+
+def markdown(summary: Dict[str, Dict], baseline: str) -> str:
+    lines = ['| model | seeds | validation top-1 (%) | test top-1 (%) | test ratio to the baseline |',
+             '|---|---|---|---|---|']
+    for model, row in summary.items():
+        val, test, ratio = row['val_top1'], row['test_top1'], row['test_ratio_to_baseline']
+        lines.append(f"| `{model}`{' (baseline)' if model == baseline else ''} | {row['seeds']} | "
+                     f"{val['mean']:.2f} ± {val['std']:.2f} | {test['mean']:.2f} ± {test['std']:.2f} | "
+                     f"{'' if ratio is None else format(ratio, '.3f')} |")
     return '\n'.join(lines) + '\n'
 
 
-def plot(runs: List[Dict], path: Path) -> None:
+def plot(runs: List[Dict], title: str, path: Path) -> None:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     for r in runs:
-        ax.plot([e['epoch'] + 1 for e in r['epochs']], [e['eval_top1'] for e in r['epochs']], label=r['run'])
-    ax.set_xlabel('epoch')
-    ax.set_ylabel('validation top-1 (%)')
+        ax.plot([e['epoch'] + 1 for e in r['epochs']], [e['eval_top1'] for e in r['epochs']],
+                label=f"{r['model']}, seed {r['seed']}")
+    ax.set(xlabel='epoch', ylabel='validation top-1 (%)', title=title)
+    ax.title.set_fontsize(8)
     ax.legend(fontsize=7)
     ax.grid(alpha=.3)
     fig.tight_layout()
@@ -125,60 +166,52 @@ def plot(runs: List[Dict], path: Path) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     given = list(sys.argv[1:] if argv is None else argv)
-    train_args = given[given.index('--') + 1:] if '--' in given else []
-    argv = given[:given.index('--')] if '--' in given else given
+    split = given.index('--') if '--' in given else len(given)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--scripts', required=True, help="folder with timm's train.py and validate.py")
+    parser.add_argument('--scripts', required=True, help="a checkout of timm's repository (train.py, validate.py)")
     parser.add_argument('--data', required=True, help='ImageFolder dataset with train/ and test/')
-    parser.add_argument('--runs', nargs='+', required=True, help='recipes as DATASET/RECIPE/FAMILY')
-    parser.add_argument('--val-per-class', type=int, default=500, help='train images per class held out (default: '
-                                                                       '%(default)s, 5000 for CIFAR-10)')
-    parser.add_argument('--nproc', type=int, default=1, help='processes (GPUs) per run, through torchrun')
+    parser.add_argument('--test-split', default='test', help='the folder measured once (default: %(default)s)')
+    parser.add_argument('--recipe', default=str(SHORT_RECIPE), help='train.py config (default: %(default)s)')
+    parser.add_argument('--models', nargs='+', default=['vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_tiny_patch16_224'])
+    parser.add_argument('--baseline', default='vit_tiny_patch16_224', help='the model the ratios are to')
+    parser.add_argument('--seeds', type=int, nargs='+', default=[42])
+    parser.add_argument('--val-per-class', type=int, default=500, help='train images of every class held out')
+    parser.add_argument('--jobs', type=int, default=1, help='runs at a time')
     parser.add_argument('--out', default=str(ROOT / 'benchmarks' / 'results' / 'accuracy'))
-    args = parser.parse_args(argv)
-    args.train_args = train_args
+    args = parser.parse_args(given[:split])
+    args.train_args = given[split + 1:]
     for script in ('train.py', 'validate.py'):
         if not (Path(args.scripts) / script).is_file():
             raise SystemExit(f"--scripts {args.scripts}: no {script}. It is in timm's git repository: "
                              'git clone https://github.com/huggingface/pytorch-image-models')
-    for run in args.runs:  # every recipe exists before anything runs
-        recipe_path(run)
+    if not Path(args.recipe).is_file():
+        raise SystemExit(f'--recipe {args.recipe}: no such file (the recipes are in {SHORT_RECIPE.parents[1]}).')
     out = Path(args.out)
-    data = split_data(Path(args.data), out / 'data', args.val_per_class)
+    data = split_data(Path(args.data), args.test_split, out / 'data', args.val_per_class)
+    cuda = torch.cuda.is_available() and '--device' not in args.train_args
     record = dict(
         date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
-        command=' '.join(['accuracy.py', *given]),
-        device=torch.cuda.get_device_name() if torch.cuda.is_available() and '--device' not in train_args
-        else f'CPU ({platform.processor() or platform.machine()})',
+        command=' '.join(['python', 'benchmarks/accuracy.py', *given]),
+        device=torch.cuda.get_device_name() if cuda else f'CPU ({platform.processor() or platform.machine()})',
         versions=dict(torch=torch.__version__, cuda=torch.version.cuda, timm=timm.__version__,
                       timm_hbf=timm_hbf.__version__, python=platform.python_version()),
-        val_per_class=args.val_per_class, runs=[],
+        recipe=yaml.safe_load(Path(args.recipe).read_text()), val_per_class=args.val_per_class,
     )
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
-    for run in args.runs:
-        experiment = run.replace('/', '-')
-        run_dir = out / 'runs' / experiment
-        if run_dir.exists():
-            raise SystemExit(f'{run_dir} exists (train.py would append to its summary.csv): remove it or choose '
-                             'another --out.')
-        train = train_command(args, run, data, experiment)
-        print('---', ' '.join(train), flush=True)
-        subprocess.run(train, check=True, env=env)
-        trained = yaml.safe_load((run_dir / 'args.yaml').read_text())
-        test = test_command(args, run_dir, data, trained)
-        print('---', ' '.join(test), flush=True)
-        subprocess.run(test, check=True, env=env)
-        epochs = read_summary(run_dir / 'summary.csv')
-        best = max(epochs, key=lambda e: e['eval_top1'])
-        record['runs'].append(dict(
-            run=run, model=trained['model'], train_command=train,
-            test_command=test, epochs=epochs, val_top1=best['eval_top1'], best_epoch=int(best['epoch']),
-            test_top1=float(json.loads((run_dir / 'test.json').read_text())['top1']),
-        ))
-        (out / 'accuracy.json').write_text(json.dumps(record, indent=2) + '\n')
-        (out / 'accuracy.md').write_text(markdown(record['runs']))
-        plot(record['runs'], out / 'accuracy.png')
-    print(markdown(record['runs']))
+    record['runs'], failed = [], []
+    with ThreadPoolExecutor(args.jobs) as pool:  # a failed run is reported at the end; the others go on
+        for future in [pool.submit(run, args, model, seed, data) for seed in args.seeds for model in args.models]:
+            try:
+                record['runs'].append(future.result())
+            except RuntimeError as e:
+                failed.append(str(e))
+    record['summary'] = summarise(record['runs'], args.baseline)
+    table = markdown(record['summary'], args.baseline)
+    (out / 'accuracy.json').write_text(json.dumps(record, indent=2) + '\n')
+    (out / 'accuracy.md').write_text(f"`{record['command']}`\n\n{record['device']}, {record['date']}\n\n{table}")
+    plot(record['runs'], f"{Path(args.recipe).name}, {record['device']}", out / 'accuracy.png')
+    print(table)
+    if failed:
+        raise SystemExit('\n'.join(failed))
     return record
 
 

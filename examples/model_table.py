@@ -5,8 +5,8 @@ eval transform (``resolve_data_config`` + ``create_transform``): the 32 x 32 mod
 normalised with the CIFAR-10 mean and std; the 224 x 224 models upsample them with the resize and centre crop of
 their own config (bicubic to 248, crop 224).
 
-    python examples/model_table.py                                  # mini CIFAR-10 test split (200 images)
-    python examples/model_table.py --data ../shared/datasets/cifar10-jpeg.tar.gz --limit 1000 --limit-224 200
+    python examples/model_table.py                                  # the repository's sample (200 test images)
+    python examples/model_table.py --data cifar10 --limit 1000 --limit-224 200   # the full test split
     python examples/model_table.py --markdown-only                 # the README model table (no data, no timing)
 
 Columns:
@@ -47,8 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import timm_hbf
 
-# ../shared/datasets/ from the repository root
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'
+SAMPLE = Path(__file__).resolve().parents[1] / 'data' / 'cifar10-mini-jpeg.tar.gz'  # the repository's sample
 LARGE_INPUT = 224  # models at this input size or more use --limit-224
 
 
@@ -70,7 +69,8 @@ def find_split(root: Path, split: str) -> Path:
     for path in [root / split, *sorted(root.glob(f'*/{split}'))]:
         if path.is_dir():
             return path
-    raise FileNotFoundError(f"No '{split}' folder in {root}.")
+    raise FileNotFoundError(f"--data {root}: no {split}/ folder in it or in a folder of it. Give a CIFAR-10 folder or "
+                            f".tar.gz archive in the ImageFolder layout ({split}/<class>/*.jpg), or --split.")
 
 
 def extract(archive: Path, split: str, dest: str) -> Path:
@@ -136,7 +136,8 @@ def device_name(device: torch.device) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--data', default=str(DEFAULT_DATA), help='CIFAR-10 .tar.gz or extracted folder')
+    parser.add_argument('--data', default=str(SAMPLE),
+                        help="CIFAR-10 folder or .tar.gz archive (default: the repository's sample)")
     parser.add_argument('--split', default='test', help='split folder inside the data')
     parser.add_argument('--batch-size', type=int, default=50)
     parser.add_argument('--limit', type=int, help='images per model (default: the whole split)')
@@ -165,7 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
 
     data = Path(args.data).expanduser().resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        root = find_split(data, args.split) if data.is_dir() else extract(data, args.split, tmp)
+        root = extract(data, args.split, tmp) if data.is_file() else find_split(data, args.split)
         dataset = create_dataset('', root=str(root))
         rows = []
         for name in names:

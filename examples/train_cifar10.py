@@ -1,9 +1,9 @@
 """Train a model on real CIFAR-10 on the CPU, evaluate it, and save a checkpoint that timm loads back.
 
-    python examples/train_cifar10.py                                   # vit_hyperbf_tiny, a few minutes on 2 cores
+    python examples/train_cifar10.py                                   # vit_hyperbf_tiny on the repository's sample
     python examples/train_cifar10.py --model vit_qimia_tiny
     python examples/train_cifar10.py --model vit_tiny_patch16_224 --model-kwargs img_size=32 patch_size=4
-    python examples/train_cifar10.py --epochs 10 --train-images 50000  # longer: every epoch is the whole split
+    python examples/train_cifar10.py --data cifar10 --epochs 10 --train-images 50000   # the full set, every image
 
 It is the short version of what timm's train.py does, with timm's own components: ``create_dataset`` and
 ``create_transform`` for the data, ``create_optimizer_v2`` (AdamW, no weight decay on the parameters the model
@@ -14,8 +14,10 @@ sees new ones. The checkpoint has train.py's layout (``state_dict``, ``state_dic
 end is that of the model loaded back this way, on ``--test-images`` images spread evenly over the test split (so
 over the classes).
 
-``--data`` takes the CIFAR-10 archive of ``../shared/datasets``, extracted once into ``--cache-dir`` (a few seconds),
-or a folder with ``train/`` and ``test/`` in the ImageFolder layout.
+``--data`` takes CIFAR-10 as a folder with ``train/`` and ``test/`` in the ImageFolder layout, or as a ``.tar.gz``
+archive of one, extracted once into ``--cache-dir``. The default is the sample that comes with the repository
+(``data/cifar10-mini-jpeg.tar.gz``: 100 train and 20 test images of every class), enough to see the loop run; the
+full set trains a model that is better than chance.
 """
 import argparse
 import itertools
@@ -40,8 +42,7 @@ from tqdm import tqdm
 
 import timm_hbf
 
-# ../shared/datasets/ from the repository root
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / 'shared' / 'datasets' / 'cifar10-jpeg.tar.gz'
+SAMPLE = Path(__file__).resolve().parents[1] / 'data' / 'cifar10-mini-jpeg.tar.gz'  # the repository's sample
 DEFAULT_CACHE = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'timm_hbf'
 
 
@@ -63,10 +64,11 @@ def image_folder(data: Path, cache: Path) -> Path:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         data = target
-    for root in [data, *sorted(data.iterdir())]:
+    for root in [data, *sorted(data.iterdir())] if data.is_dir() else []:
         if (root / 'train').is_dir() and (root / 'test').is_dir():
             return root
-    raise FileNotFoundError(f"No 'train' and 'test' folders in {data}.")
+    raise FileNotFoundError(f"--data {data}: no train/ and test/ folders (ImageFolder layout, one folder per class) "
+                            'in it or in a folder of it. Give a CIFAR-10 folder or .tar.gz archive of that layout.')
 
 
 def evenly_spaced(size: int, count: int) -> List[int]:
@@ -99,7 +101,8 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, amp: bool) -> float:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--data', default=str(DEFAULT_DATA), help='CIFAR-10 archive (.tar.gz) or extracted folder')
+    parser.add_argument('--data', default=str(SAMPLE),
+                        help="CIFAR-10 folder or .tar.gz archive (default: the repository's sample)")
     parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
                         help='where an archive is extracted, once (default: %(default)s)')
     parser.add_argument('--model', default='vit_hyperbf_tiny', help='any timm model name (default: %(default)s)')

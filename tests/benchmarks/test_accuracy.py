@@ -1,61 +1,49 @@
-"""benchmarks/accuracy.py: train.py runs of our recipes pick their checkpoint on a validation split held out from
-train, and validate.py measures it once on the test split.
+"""benchmarks/accuracy.py: train.py runs of a recipe choose their checkpoint on a validation split held out from the
+train images, validate.py measures it once on the test split, and the table sums up the seeds beside the baseline.
 
-timm's train.py and validate.py are not installed with timm, so these tests give the driver two stand-ins that
-record their arguments and write what the real scripts write (``args.yaml``, ``summary.csv``, a checkpoint, the
-results JSON)."""
+No package on the index ships timm's train.py and validate.py (they are in timm's git repository only), so these
+tests give the script two stand-ins that record their arguments and write what the real scripts write
+(``args.yaml``, ``summary.csv``, a checkpoint, the results JSON)."""
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
-CLASSES = ('cat', 'dog', 'ship')
+MODERN = ROOT / 'timm_hbf' / 'recipes' / 'cifar10' / 'modern.yaml'
 
 FAKE_TRAIN = '''
 import argparse, json, sys
 from pathlib import Path
 import yaml
 parser = argparse.ArgumentParser()
-for flag in ('-c', '--data-dir', '--train-split', '--val-split', '--output', '--experiment', '--device', '--epochs'):
+for flag in ('-c', '--model', '--seed', '--data-dir', '--train-split', '--val-split', '--output', '--experiment',
+             '--device', '--epochs'):
     parser.add_argument(flag)
 args = parser.parse_args()
-trained = dict(yaml.safe_load(Path(args.c).read_text()), device=args.device or 'cuda')
+if args.model == 'broken':
+    sys.exit('no such model')
 out = Path(args.output) / args.experiment
 out.mkdir(parents=True)
 (out / 'argv.json').write_text(json.dumps(sys.argv[1:]))
-(out / 'args.yaml').write_text(yaml.safe_dump(trained))
+(out / 'args.yaml').write_text(yaml.safe_dump(dict(yaml.safe_load(Path(args.c).read_text()), model=args.model,
+                                                   device=args.device or 'cuda')))
 (out / 'model_best.pth.tar').write_bytes(b'')
-(out / 'summary.csv').write_text(
-    'epoch,train_loss,eval_loss,eval_top1,eval_top5,lr\\n0,2.3,2.2,20.0,60.0,0.001\\n1,2.1,2.0,35.5,70.0,0.0005\\n'
-    '2,2.0,1.9,30.0,72.0,0.0001\\n')
+best = {'vit_hyperbf_tiny': 36, 'vit_tiny_patch16_224': 40}[args.model] + int(args.seed)
+(out / 'summary.csv').write_text(f'epoch,eval_top1\\n0,20\\n1,{best}\\n2,30\\n')
 '''
 
 FAKE_VALIDATE = '''
 import json, sys
 from pathlib import Path
 argv = sys.argv[1:]
-Path(argv[argv.index('--results-file') + 1]).write_text(json.dumps({'top1': 33.25, 'argv': argv}))
+seed = int(Path(argv[argv.index('--checkpoint') + 1]).parent.name.rsplit('seed', 1)[1])
+top1 = {'vit_hyperbf_tiny': 45, 'vit_tiny_patch16_224': 50}[argv[argv.index('--model') + 1]] + seed
+Path(argv[argv.index('--results-file') + 1]).write_text(json.dumps({'top1': top1, 'argv': argv}))
 '''
-
-
-def load_accuracy():
-    return load_module(ROOT / 'benchmarks' / 'accuracy.py')
-
-
-@pytest.fixture
-def dataset(tmp_path) -> Path:
-    for split, count in (('train', 10), ('test', 4)):
-        for name in CLASSES:
-            folder = tmp_path / 'data' / split / name
-            folder.mkdir(parents=True)
-            for i in range(count):
-                (folder / f'{i:03d}.png').write_bytes(b'')
-    return tmp_path / 'data'
 
 
 @pytest.fixture
@@ -67,63 +55,71 @@ def scripts(tmp_path) -> Path:
     return folder
 
 
-def test_validation_images_are_held_out_per_class_and_the_test_split_is_untouched(dataset, tmp_path):
-    split = load_accuracy().split_data(dataset, tmp_path / 'split', val_per_class=3)
-    for name in CLASSES:
-        train = {p.name for p in (split / 'train' / name).iterdir()}
-        val = {p.name for p in (split / 'val' / name).iterdir()}
-        assert len(val) == 3 and len(train) == 7 and not train & val
-        assert train | val == {p.name for p in (dataset / 'train' / name).iterdir()}
-    assert (split / 'test').resolve() == (dataset / 'test').resolve()
+def accuracy(*argv: str):
+    return load_module(ROOT / 'benchmarks' / 'accuracy.py').main(list(argv))
 
 
-def test_a_run_trains_on_train_chooses_on_val_and_tests_once(dataset, scripts, tmp_path):
+def test_validation_images_are_held_out_per_class_and_the_test_split_is_untouched(cifar10_sample, tmp_path):
+    split = load_module(ROOT / 'benchmarks' / 'accuracy.py').split_data(cifar10_sample, 'test', tmp_path, 10)
+    for class_dir in (cifar10_sample / 'train').iterdir():
+        train = {p.name for p in (split / 'train' / class_dir.name).iterdir()}
+        val = {p.name for p in (split / 'val' / class_dir.name).iterdir()}
+        assert len(val) == 10 and len(train) == 90 and not train & val
+        assert train | val == {p.name for p in class_dir.iterdir()}
+    assert (split / 'test').resolve() == (cifar10_sample / 'test').resolve()
+
+
+def test_runs_train_on_train_choose_on_val_test_once_and_sum_up_the_seeds(cifar10_sample, scripts, tmp_path):
     out = tmp_path / 'out'
-    record = load_accuracy().main([
-        '--scripts', str(scripts), '--data', str(dataset), '--runs', 'cifar10/modern/vit', '--val-per-class', '2',
-        '--out', str(out), '--', '--device', 'cpu', '--epochs', '3'])
-    run_dir = out / 'runs' / 'cifar10-modern-vit'
-    train_argv = json.loads((run_dir / 'argv.json').read_text())
-    assert train_argv[train_argv.index('--train-split') + 1] == 'train'
-    assert train_argv[train_argv.index('--val-split') + 1] == 'val'
-    assert train_argv[-4:] == ['--device', 'cpu', '--epochs', '3']
-    assert train_argv[train_argv.index('-c') + 1].endswith('recipes/cifar10/modern/vit.yaml')
+    record = accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--recipe', str(MODERN),
+                      '--models', 'vit_hyperbf_tiny', 'vit_tiny_patch16_224', '--seeds', '0', '2',
+                      '--val-per-class', '10', '--jobs', '2', '--out', str(out),
+                      '--', '--device', 'cpu', '--epochs', '3')
+    run_dir = out / 'runs' / 'vit_hyperbf_tiny-seed2'
+    train = json.loads((run_dir / 'argv.json').read_text())
+    assert train[train.index('-c') + 1] == str(MODERN) and train[train.index('--model') + 1] == 'vit_hyperbf_tiny'
+    assert train[train.index('--seed') + 1] == '2' and train[train.index('--data-dir') + 1] == str(out / 'data')
+    assert (train[train.index('--train-split') + 1], train[train.index('--val-split') + 1]) == ('train', 'val')
+    assert train[-4:] == ['--device', 'cpu', '--epochs', '3']
 
-    test_argv = json.loads((run_dir / 'test.json').read_text())['argv']
-    assert test_argv[test_argv.index('--split') + 1] == 'test'
-    assert test_argv[test_argv.index('--checkpoint') + 1] == str(run_dir / 'model_best.pth.tar')
-    assert test_argv[test_argv.index('--device') + 1] == 'cpu'
-    assert '--use-ema' in test_argv  # the recipe trains with EMA, and train.py picks its best checkpoint on EMA
-    kwargs = test_argv[test_argv.index('--model-kwargs') + 1:test_argv.index('--model-kwargs') + 3]
-    assert kwargs == ['img_size=32', 'patch_size=4']
+    test = json.loads((run_dir / 'test.json').read_text())['argv']
+    assert test[test.index('--split') + 1] == 'test'
+    assert test[test.index('--checkpoint') + 1] == str(run_dir / 'model_best.pth.tar')
+    assert test[test.index('--device') + 1] == 'cpu'
+    assert '--use-ema' in test  # the recipe keeps an EMA, on which train.py chose its best checkpoint
+    assert test[test.index('--model-kwargs') + 1:][:2] == ['img_size=32', 'patch_size=4']
 
-    (run,) = record['runs']
-    assert (run['val_top1'], run['best_epoch'], run['test_top1']) == (35.5, 1, 33.25)
-    assert [e['eval_top1'] for e in run['epochs']] == [20., 35.5, 30.]
-    assert json.loads((out / 'accuracy.json').read_text())['runs'][0]['test_top1'] == 33.25
-    table = (out / 'accuracy.md').read_text()
-    assert '| cifar10/modern/vit | `vit_tiny_patch16_224` | 3 | 35.50 | 1 | 33.25 |' in table
-    assert (out / 'accuracy.png').stat().st_size > 0
-    assert yaml.safe_load((run_dir / 'args.yaml').read_text())['device'] == 'cpu'
+    runs = {(r['model'], r['seed']): r for r in record['runs']}
+    assert (runs['vit_hyperbf_tiny', 2]['val_top1'], runs['vit_hyperbf_tiny', 2]['best_epoch']) == (38, 1)
+    assert runs['vit_hyperbf_tiny', 2]['test_top1'] == 47
+    hyperbf = record['summary']['vit_hyperbf_tiny']
+    assert hyperbf['seeds'] == 2 and hyperbf['test_top1'] == dict(mean=46, std=pytest.approx(2 ** .5))
+    assert hyperbf['test_ratio_to_baseline'] == pytest.approx(46 / 51)
+    saved = json.loads((out / 'accuracy.json').read_text())
+    assert saved['summary'] == json.loads(json.dumps(record['summary'])) and saved['recipe']['model_ema']
+    assert {'torch', 'timm', 'timm_hbf'} <= set(saved['versions']) and saved['device'] and saved['date']
+    assert (out / 'accuracy.png').read_bytes()[:4] == b'\x89PNG'
 
 
-def test_an_existing_run_folder_is_never_appended_to(dataset, scripts, tmp_path):
-    (tmp_path / 'out' / 'runs' / 'cifar10-modern-vit').mkdir(parents=True)
-    with pytest.raises(SystemExit, match='exists'):
-        load_accuracy().main(['--scripts', str(scripts), '--data', str(dataset), '--runs', 'cifar10/modern/vit',
-                              '--val-per-class', '2', '--out', str(tmp_path / 'out')])
+def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, tmp_path):
+    out = tmp_path / 'out'
+    with pytest.raises(SystemExit, match=r'broken-seed42: train.py failed, see .*broken-seed42.log'):
+        accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--models', 'broken', 'vit_hyperbf_tiny',
+                 '--val-per-class', '10', '--out', str(out))
+    assert [r['model'] for r in json.loads((out / 'accuracy.json').read_text())['runs']] == ['vit_hyperbf_tiny']
+    assert 'no such model' in (out / 'runs' / 'broken-seed42.log').read_text()
 
 
 @pytest.mark.parametrize('problem, match', [
-    ('recipe', r'no recipe .*Recipes: .*cifar10/modern/vit_hyperbf'),
-    ('scripts', r"no train.py.*git clone"),
-    ('data', r'train/ and test/'),
-    ('val', r'leaves no training image'),
+    ('recipe', r'--recipe .*nope.yaml: no such file \(the recipes are in .*recipes\)'),
+    ('scripts', r'no train.py.*git clone'),
+    ('data', r'expected an ImageFolder layout with train/ and test/'),
+    ('val', r'--val-per-class 100 leaves no training image of class airplane'),
 ])
-def test_bad_input_names_the_fix(problem, match, dataset, scripts, tmp_path):
-    argv = dict(scripts=str(scripts), data=str(dataset), runs='cifar10/modern/vit', val='2')
-    argv.update({'recipe': dict(runs='cifar10/modern/vit_nope'), 'scripts': dict(scripts=str(tmp_path)),
-                 'data': dict(data=str(dataset / 'train')), 'val': dict(val='10')}[problem])
+def test_bad_input_names_the_fix(problem, match, cifar10_sample, scripts, tmp_path):
+    argv = dict(scripts=scripts, data=cifar10_sample, recipe=MODERN, val='10')
+    argv.update({'recipe': dict(recipe=tmp_path / 'nope.yaml'), 'scripts': dict(scripts=tmp_path),
+                 'data': dict(data=cifar10_sample / 'train'), 'val': dict(val='100')}[problem])
     with pytest.raises(SystemExit, match=match):
-        load_accuracy().main(['--scripts', argv['scripts'], '--data', argv['data'], '--runs', argv['runs'],
-                              '--val-per-class', argv['val'], '--out', str(tmp_path / 'out')])
+        accuracy('--scripts', str(argv['scripts']), '--data', str(argv['data']), '--recipe', str(argv['recipe']),
+                 '--val-per-class', argv['val'], '--out', str(tmp_path / 'out'))

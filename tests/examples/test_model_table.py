@@ -1,4 +1,4 @@
-"""examples/model_table.py on the mini CIFAR-10 test split: every model of ours gets a sensible row."""
+"""examples/model_table.py on the repository's CIFAR-10 sample: every model of ours gets a sensible row."""
 import re
 from pathlib import Path
 
@@ -10,7 +10,6 @@ from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / 'examples' / 'model_table.py'
-MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../shared/datasets/ from the repo root
 ROW = re.compile(r'^\| `(\w+)` \| ([\d.]+) \| ([\d.]+) \| (\d+x\d+) \|(?: ([\d.]+) \| ([\d.]+) \|)?$')
 
 
@@ -30,14 +29,13 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.skipif(not MINI.exists(), reason=f'mini CIFAR-10 archive not found at {MINI}')
-def test_model_table(capsys, one_thread):
+def test_model_table(capsys, one_thread, cifar10_sample):
     script = load_script()
     names = script.model_names()
     assert names and all(n.startswith('vit_') for n in names)
     assert set(timm.list_models('vit_hyperbf*')) <= set(names)
 
-    script.main(['--data', str(MINI), '--limit', '20', '--batch-size', '10', *one_thread])
+    script.main(['--data', str(cifar10_sample), '--limit', '20', '--batch-size', '10', *one_thread])
     out = capsys.readouterr().out
     rows = table_rows(out)
     assert sorted(rows) == sorted(names)
@@ -57,3 +55,15 @@ def test_markdown_only(capsys, one_thread):
     assert lines[0] == '| model | params (M) | GMACs | input |'
     assert [r['model'] for r in rows] == ['vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224']
     assert len(lines) == 4 and all(ROW.match(line) for line in lines[2:])
+
+
+def test_by_default_reads_the_repositorys_sample(capsys, one_thread):
+    load_script().main(['--models', 'vit_hyperbf_tiny', '--limit', '10', *one_thread])
+    out = capsys.readouterr().out
+    assert 'test split, 200 images' in out and '10 at 32x32' in out
+    assert set(table_rows(out)) == {'vit_hyperbf_tiny'}
+
+
+def test_data_without_the_split_names_the_fix(tmp_path, one_thread):
+    with pytest.raises(FileNotFoundError, match=r'--data .*: no test/ folder .*ImageFolder layout'):
+        load_script().main(['--data', str(tmp_path), '--models', 'vit_hyperbf_tiny', *one_thread])

@@ -1,16 +1,28 @@
-"""What the client tests share: real CIFAR-10 images (the training tests' cut of the mini archive) and a training
-step."""
+"""What the client tests share: real CIFAR-10 images (a small cut of the committed sample) and a training step."""
+import shutil
 from pathlib import Path
 from typing import Iterable, Tuple
 
+import pytest
 import torch
 from timm.data import ImageDataset, create_transform, resolve_model_data_config
 from torch import nn
 
-from ..training.conftest import cifar10_tiny  # noqa: F401  (a fixture: train/ 40 images, test/ 20)
-
 MODELS = ['vit_hyperbf_tiny', 'vit_qimia_tiny']  # one model of each family; built with 2 blocks in these tests
 DEPTH = 2
+PER_CLASS = {'train': 4, 'test': 2}  # the first images of every class in each split: each folder is one batch
+
+
+@pytest.fixture(scope='session')
+def cifar10_tiny(cifar10_sample: Path, tmp_path_factory) -> Path:
+    """``train/`` (40 images) and ``test/`` (20 images) of real CIFAR-10, one folder per class."""
+    root = tmp_path_factory.mktemp('cifar10_tiny')
+    for split, count in PER_CLASS.items():
+        for class_dir in sorted(p for p in (cifar10_sample / split).iterdir() if p.is_dir()):
+            (root / split / class_dir.name).mkdir(parents=True)
+            for image in sorted(class_dir.iterdir())[:count]:
+                shutil.copy(image, root / split / class_dir.name / image.name)
+    return root
 
 
 def cifar10_batch(folder: Path, model: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
