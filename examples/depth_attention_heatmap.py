@@ -16,7 +16,7 @@ import timm
 import torch
 from timm.data import create_dataset, create_transform, resolve_data_config
 from timm.utils import ParseKwargs
-from train_cifar10 import DEFAULT_CACHE, DEFAULT_DATA, image_folder
+from train_cifar10 import DEFAULT_CACHE, SAMPLE, image_folder
 
 import timm_hbf  # noqa: F401  (registers the models)
 
@@ -46,7 +46,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--model', default='vit_qimia_tiny')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
     parser.add_argument('--checkpoint', default='', help="train.py checkpoint (default: an untrained model)")
-    parser.add_argument('--data', default=str(DEFAULT_DATA), help='CIFAR-10 archive (.tar.gz) or extracted folder')
+    parser.add_argument('--data', default=str(SAMPLE), help='CIFAR-10 archive (.tar.gz) or extracted folder')
     parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
                         help='where an archive is extracted, once (default: %(default)s)')
     parser.add_argument('--images', type=int, default=256, help='test images to average over')

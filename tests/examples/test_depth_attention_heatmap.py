@@ -9,7 +9,7 @@ from tests.helpers import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / 'examples'
-MINI = ROOT.parent / 'shared' / 'datasets' / 'cifar10-mini-jpeg.tar.gz'  # ../shared/datasets/ from the repo root
+MINI = ROOT / 'data' / 'cifar10-mini-jpeg.tar.gz'  # the repository's CIFAR-10 sample
 
 
 @pytest.fixture
