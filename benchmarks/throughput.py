@@ -12,7 +12,8 @@ layer on the mean square of its output) in images (sequences) per second. All mo
 round by round, so that a change in the machine's load hits them alike; each model's timed steps follow one untimed
 step of its own (after another model's steps the caches and the allocator hold that model's tensors). A ratio is the
 median over rounds of the ratio to the baseline in the same round, with its range over rounds. ``--compiled`` also
-times every model under ``torch.compile``, in the same rounds, with ratios to the compiled baseline.
+times every model under ``torch.compile``, in the same rounds, with ratios to the compiled baseline. On CUDA, float32
+matrix products run as TF32, as timm's train.py sets them (HyperBF's distances are float32 also under bf16 autocast).
 
 Peak memory of a step, each model in a fresh process: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU (Linux)
 the parameters, buffers and optimizer state plus the peak resident size of two steps above the resident size before
@@ -50,6 +51,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import timm
 import torch
 import torch.nn.functional as F
+from timm.layers import Mlp
 from timm.utils import ParseKwargs
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -66,6 +68,11 @@ DEFAULT_BATCH = {  # (CPU, CUDA)
     'vit_hyperbf_tiny': (128, 1024), 'vit_hyperbf_tiny_patch16_224': (32, 256), 'vit_qimia_tiny': (128, 1024)}
 
 
+def mlp_hidden(body: torch.nn.Module) -> int:
+    """The hidden width of a QIMIA feed-forward block: timm's ``Mlp`` (AttnRes values) or its first Linear."""
+    return body.fc1.out_features if isinstance(body, Mlp) else body[0].out_features
+
+
 def dimensions(model: torch.nn.Module) -> dict:
     """What a same-size baseline shares with the candidate (for QIMIA: its token attention and feed-forward)."""
     block = model.blocks[0]
@@ -73,7 +80,7 @@ def dimensions(model: torch.nn.Module) -> dict:
     attn = block.attn.body if qimia else block.attn
     return dict(img_size=model.pretrained_cfg['input_size'][-1], patch_size=model.patch_embed.patch_size[0],
                 embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=attn.num_heads,
-                hidden=block.mlp.body[0].out_features if qimia else block.mlp.readout.in_features,
+                hidden=mlp_hidden(block.mlp.body) if qimia else block.mlp.readout.in_features,
                 qkv_bias=attn.qkv.bias is not None, num_classes=model.num_classes)
 
 
@@ -377,6 +384,9 @@ def literal(value: str):
 
 def main(argv: Optional[List[str]] = None) -> List[dict]:
     args = parse_args(argv)
+    if args.device.startswith('cuda'):  # as timm's train.py sets them: float32 matrix products run as TF32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.measure_memory:

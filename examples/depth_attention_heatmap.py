@@ -1,12 +1,14 @@
-"""Draw where a QIMIA model's blocks read from: the mean depth-attention matrix (block x memory entry) as a heatmap.
+"""Draw where a QIMIA or AttnRes model's sublayers read from: the mean depth-attention matrix (read x memory entry)
+as a heatmap, from ``timm_hbf.models.vit_qimia.depth_attention_stats``.
 
     python examples/depth_attention_heatmap.py --checkpoint output/train_cifar10/model_best.pth.tar \\
         --model vit_qimia_tiny --out heatmap.png
 
-Rows are the reads (every block, then the output read), columns the memory entries (patch and position
-embeddings, then what each block wrote); each cell is the attention weight averaged over test images, tokens and
-heads. Untrained models read uniformly (every row is 1 / entries seen, a residual stream's average). The entropy
-metric of the SURF report (1: uniform, 0: a single entry) is printed per read. Needs matplotlib.
+Rows are the reads (every sublayer, then the output read), columns the memory entries (the embedding's, then what
+each sublayer wrote); each cell is the attention weight averaged over test images, tokens and heads. Untrained
+models read uniformly (every row is 1 / entries seen, a residual stream's average). The entropy metric of the SURF
+report (1: uniform, 0: a single entry) is printed per read. ``--data`` takes CIFAR-10 as for
+``train_cifar10.py`` (default: the repository's sample). Needs matplotlib.
 """
 import argparse
 from pathlib import Path
@@ -18,7 +20,7 @@ from timm.data import create_dataset, create_transform, resolve_data_config
 from timm.utils import ParseKwargs
 from train_cifar10 import DEFAULT_CACHE, SAMPLE, image_folder
 
-import timm_hbf  # noqa: F401  (registers the models)
+from timm_hbf.models.vit_qimia import VisionTransformerQimia, depth_attention_stats
 
 
 def draw(stats: Dict, path: Path, title: str) -> None:
@@ -46,7 +48,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--model', default='vit_qimia_tiny')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
     parser.add_argument('--checkpoint', default='', help="train.py checkpoint (default: an untrained model)")
-    parser.add_argument('--data', default=str(SAMPLE), help='CIFAR-10 archive (.tar.gz) or extracted folder')
+    parser.add_argument('--data', default=str(SAMPLE),
+                        help="CIFAR-10 folder or .tar.gz archive (default: the repository's sample)")
     parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
                         help='where an archive is extracted, once (default: %(default)s)')
     parser.add_argument('--images', type=int, default=256, help='test images to average over')
@@ -54,14 +57,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     args = parser.parse_args(argv)
 
     model = timm.create_model(args.model, checkpoint_path=args.checkpoint, **args.model_kwargs)
-    if not hasattr(model, 'depth_attention_stats'):
-        raise SystemExit(f'{args.model} has no depth attention: use a vit_qimia_* model.')
+    if not isinstance(model, VisionTransformerQimia):
+        raise SystemExit(f'{args.model} has no depth attention: use a vit_qimia_* or vit_attnres_* model.')
     config = resolve_data_config(model=model)
     root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
     dataset = create_dataset('', root=str(root), split='test', transform=create_transform(**config))
     step = max(len(dataset) // args.images, 1)  # spread over the classes
     batch = torch.stack([dataset[i][0] for i in range(0, step * args.images, step)])
-    stats = model.depth_attention_stats(batch)
+    stats = depth_attention_stats(model, batch)
     for reader, entropy, norm in zip(stats['readers'], stats['entropy'].tolist(), stats['query_norm'].tolist()):
         print(f'{reader:>8}: entropy {entropy:.3f}, query norm {norm:.3f}')
     print(f"mean entropy {stats['entropy'].mean().item():.3f} over {len(stats['readers'])} reads")

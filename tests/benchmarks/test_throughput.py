@@ -20,7 +20,8 @@ def bench():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize('name', ['vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_hyperbf_tiny_patch16_224'])
+@pytest.mark.parametrize('name', ['vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_attnres_tiny',
+                                  'vit_hyperbf_tiny_patch16_224'])
 def test_baselines_have_the_candidates_size(bench, name):
     candidate = timm.create_model(name, device='meta')
     dims = bench.dimensions(candidate)

@@ -7,9 +7,7 @@ import torch
 
 from tests.helpers import load_module
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / 'examples'
-MINI = ROOT / 'data' / 'cifar10-mini-jpeg.tar.gz'  # the repository's CIFAR-10 sample
+EXAMPLES = Path(__file__).resolve().parents[2] / 'examples'
 
 
 @pytest.fixture
@@ -19,22 +17,27 @@ def heatmap_script(monkeypatch):
     sys.modules.pop('train_cifar10', None)
 
 
-def test_untrained_model_reads_uniformly_and_the_heatmap_is_drawn(heatmap_script, tmp_path, capsys):
+@pytest.mark.parametrize('model, entropy', [
+    ('vit_qimia_tiny', [1.] * 5),
+    ('vit_attnres_block_tiny', [0.] + [1.] * 4),  # the first read sees one entry, the token embedding
+])
+def test_untrained_model_reads_uniformly_and_the_heatmap_is_drawn(model, entropy, heatmap_script, cifar10_sample,
+                                                                  tmp_path, capsys):
     import matplotlib.image
 
     out = tmp_path / 'heatmap.png'
     stats = heatmap_script.main([
-        '--model', 'vit_qimia_tiny', '--model-kwargs', 'depth=2', '--data', str(MINI), '--images', '16',
-        '--cache-dir', str(tmp_path / 'cache'), '--out', str(out),
+        '--model', model, '--model-kwargs', 'depth=2', '--data', str(cifar10_sample), '--images', '16',
+        '--out', str(out),
     ])
-    torch.testing.assert_close(stats['entropy'], torch.ones(5))
-    assert 'mean entropy 1.000 over 5 reads' in capsys.readouterr().out
+    torch.testing.assert_close(stats['entropy'], torch.tensor(entropy))
+    assert f'mean entropy {sum(entropy) / 5:.3f} over 5 reads' in capsys.readouterr().out
     image = matplotlib.image.imread(out)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
     assert image[..., :3].std() > .05  # not a blank canvas
 
 
-def test_models_without_depth_attention_are_refused(heatmap_script, tmp_path):
+def test_models_without_depth_attention_are_refused(heatmap_script, cifar10_sample, tmp_path):
     with pytest.raises(SystemExit, match='no depth attention'):
-        heatmap_script.main(['--model', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=1', '--data', str(MINI),
+        heatmap_script.main(['--model', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=1', '--data', str(cifar10_sample),
                              '--out', str(tmp_path / 'x.png')])

@@ -1,19 +1,11 @@
-from .depth_attention import (
-    DEPTH_KERNELS,
-    DepthAttention,
-    DepthKey,
-    depth_attend,
-    depth_weights,
-    normalized_entropy,
-)
+from .depth_attention import DEPTH_KERNELS, DepthAttention, depth_logits, normalized_entropy
 from .hyperbf_attention import HyperBFAttention
 from .hyperbf_kernel import KERNELS, HyperBFKernel, log_gaussian
 from .hyperbf_mlp import HyperBFMlp
-from .prelu import PReLULinear, prelu_linear
+from .prelu import PReLULinear
 from .token_batchnorm import TokenBatchNorm
 
 __all__ = [
-    'DEPTH_KERNELS', 'DepthAttention', 'DepthKey', 'HyperBFAttention', 'HyperBFKernel', 'HyperBFMlp', 'KERNELS',
-    'PReLULinear', 'TokenBatchNorm', 'depth_attend', 'depth_weights', 'log_gaussian', 'normalized_entropy',
-    'prelu_linear',
+    'DEPTH_KERNELS', 'DepthAttention', 'HyperBFAttention', 'HyperBFKernel', 'HyperBFMlp', 'KERNELS', 'PReLULinear',
+    'TokenBatchNorm', 'depth_logits', 'log_gaussian', 'normalized_entropy',
 ]

@@ -1,195 +1,201 @@
-"""QIMIA Vision Transformer: Query Integrated Memory Interfacing Attention (Dugue, Caltech SURF report, 2023).
+"""QIMIA Vision Transformer (Query Integrated Memory Interfacing Attention, Dugue, Caltech SURF report, 2023), and
+Attention Residuals (AttnRes, Kimi Team, 2026) for vision.
 
-No residual stream: every block reads its input from a per-token memory of (key, value) entries through
-learned-query attention over depth (report Eq. 1-2, :class:`~timm_hbf.layers.DepthAttention`) and writes one entry
-of its own:
+No residual stream: every sublayer reads its input from a per-token memory of (key, value) entries through
+learned-query attention over depth (report Eq. 1-2, :class:`~timm_hbf.layers.DepthAttention`) and writes one entry:
 
-    memory   = [(patch embedding), (position embedding)]                      two separate entries (appendix)
-    block l:   A_l = LayerNorm_noaffine( sum_i softmax_i(q_l . k_i) v_i )      over all entries so far
-               h   = MultiHeadAttention(A_l)           or    h = Linear(A_l)  (attention / feed-forward block)
-               k_l = Linear(PReLU(h)),  v_l = Linear(PReLU(h))                 separate key and value paths
-    output:    a last read over every entry, then the class token, norm and linear head (timm's conventions)
+    memory:    (patch embedding), (position embedding)                 two separate entries (report appendix)
+    sublayer:  A = sum_i softmax_i(s(q, k_i)) v_i                       over the entries written so far
+               h = Attention(LN(A))   or   h = Linear(LN(A))            attention / feed-forward block
+               k = Linear(PReLU(h)),  v = Linear(PReLU(h))              separate key and value paths
+    output:    a last read over every entry, then LayerNorm, pooling and a linear head (timm's conventions)
 
-A layer of ``depth`` is one attention block and one feed-forward block, as in a ViT, so ``depth`` 12 writes 24
-entries. The memory is a list of entries that blocks append to; what the backward pass keeps grows linearly with the
-depth (see :mod:`timm_hbf.layers.depth_attention`). Queries start at zero: with the dot-product kernel every read
-starts as the uniform average of the entries it sees (with the Gaussian kernel, see
-:class:`~timm_hbf.layers.DepthAttention`). Report options:
-``key_dim``, ``depth_num_heads``, ``key_norm``, ``value_norm='batchnorm'``, ``depth_kernel='gaussian'`` (L2
-attention through the HyperBF kernel), path dropout (``drop_path_rate``), and a learned null entry. Beyond the
-report: a block-memory mode (``memory_block_size``) that merges consecutive blocks' entries into summaries, so that
-reads attend over a few summaries instead of every entry.
+LN is LayerNorm without affine (report appendix). A layer of ``depth`` is an attention and a feed-forward block, as
+in a ViT, so ``depth`` 12 writes 24 entries. AttnRes is the same read with four differences, each a flag that can be
+switched on alone:
+
+    keys_from_values=True    k_i = RMSNorm(v_i) per head, no key projection
+    sublayer_values=True     v = Attention(LN(A)) or Mlp(LN(A)), timm's pre-norm sublayers (LN with affine) and
+                             nothing after them; v_0 the token embedding (patch + position), one entry
+    depth_num_heads=1        one query per sublayer
+    memory_block_size=n      Block AttnRes: the outputs of every n consecutive sublayers add up into one summary
+
+(and zero-initialised queries, which both share). ``vit_attnres_*`` set all of them.
 """
 import math
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+import numbers
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
-from timm.layers import Attention, PatchEmbed, resample_abs_pos_embed, trunc_normal_
-from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs, named_apply, register_model
+from timm.layers import (
+    Attention,
+    AttentionPoolLatent,
+    Mlp,
+    PatchEmbed,
+    resample_abs_pos_embed,
+    resample_patch_embed,
+    trunc_normal_,
+)
+from timm.models import checkpoint, generate_default_cfgs, named_apply, register_model
 from timm.models._features import feature_take_indices
-from timm.models.vision_transformer import checkpoint_filter_fn, init_weights_vit_timm
+from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
-from ..layers import DepthAttention, DepthKey, PReLULinear, TokenBatchNorm, normalized_entropy
-from ..layers.depth_attention import accumulation_dtype
+from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
+from ._builder import build_model
 
-__all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia']
+__all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn', 'depth_attention_stats']
 
 VALUE_NORMS = ('layernorm', 'batchnorm')
-GLOBAL_POOLS = ('', 'token', 'avg')
+GLOBAL_POOLS = ('', 'token', 'avg', 'map')
 # depth-attention queries (decay would pull every read back to the uniform average) and Gaussian widths
 NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
 
 
 class QimiaBlock(nn.Module):
-    """Read the memory, transform, write one (key, value) entry (report Fig. 8-9).
+    """A sublayer: read the memory, transform, write one (key, value) entry (report Fig. 8-9).
 
     Args:
-        body: The transform of the read (multi-head attention, or the feed-forward block's shared Linear).
-        body_dim: Width of the body's output.
-        dim: Token (value) width.
-        key_dim: Key width.
-        depth_num_heads: Depth-attention heads.
-        depth_kernel: ``'dot'`` or ``'gaussian'`` depth attention.
-        key_norm: Unit-L2 keys (per head).
-        value_norm: ``'layernorm'`` on every read, or ``'batchnorm'`` on every written value instead.
-        path_drop: Dropout on this block's depth-attention weights.
-        summary_position: Block-memory mode: this block's place in its memory block. Past the first, the block
-            merges its entry into the memory block's summary (the last entry) instead of adding one: values summed
-            (a residual stream within the memory block), keys averaged (a summary's logit is the mean of its
-            members' logits, for either kernel), both in float32 or wider.
+        read: Its interface to the memory (query, kernel).
+        norm: The norm on what it reads.
+        body: The transform (timm's ``Attention``, the feed-forward block's first Linear, or timm's ``Mlp``).
+        key: The key path on the body's output; None: keys from values.
+        value: The value path on the body's output.
+        position: Its place in its memory block (0: it writes a new entry; see :meth:`DepthAttention.write`).
     """
-    summary_position: Final[int]
+    position: Final[int]
 
     def __init__(
             self,
+            read: DepthAttention,
+            norm: nn.Module,
             body: nn.Module,
-            body_dim: int,
-            dim: int,
-            key_dim: int,
-            depth_num_heads: int,
-            depth_kernel: str = 'dot',
-            key_norm: bool = False,
-            value_norm: str = 'layernorm',
-            path_drop: float = 0.,
-            summary_position: int = 0,
-            device=None,
-            dtype=None,
+            key: Optional[nn.Module],
+            value: nn.Module,
+            position: int,
     ) -> None:
         super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.summary_position = summary_position
-        self.read = DepthAttention(
-            dim, key_dim, depth_num_heads, kernel=depth_kernel, norm=value_norm == 'layernorm', path_drop=path_drop,
-            **dd,
-        )
+        self.position = position
+        self.read = read
+        self.norm = norm
         self.body = body
-        self.key = nn.Sequential(
-            PReLULinear(body_dim, key_dim, **dd),
-            DepthKey(key_dim, depth_num_heads, normalize=key_norm, kernel=depth_kernel),
-        )
-        self.value = nn.Sequential(
-            PReLULinear(body_dim, dim, **dd),
-            TokenBatchNorm(dim, **dd) if value_norm == 'batchnorm' else nn.Identity(),
-        )
-
-    def entry(self, h: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The (key, value) entry that this block writes for the body's output ``h`` (a function of its own, so
-        that ``h`` is freed as soon as both paths have read it)."""
-        return self.key(h), self.value(h)
+        self.key = key
+        self.value = value
 
     def forward(
             self,
-            key_entries: List[torch.Tensor],
-            value_entries: List[torch.Tensor],
+            keys: List[torch.Tensor],
+            values: List[torch.Tensor],
     ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        """Returns the entries that the next read sees: these with this block's entry appended, or merged into the
-        last (block-memory mode). The lists passed in are left as they are."""
-        key, value = self.entry(self.body(self.read(key_entries, value_entries)))
-        if self.summary_position > 0:
-            dtype = accumulation_dtype(value)  # summaries add up as reads accumulate, in float32 or wider
-            key = torch.lerp(key_entries[-1].to(dtype), key.to(dtype), 1. / (self.summary_position + 1))
-            value = value_entries[-1].to(dtype) + value
-            key_entries, value_entries = key_entries[:-1], value_entries[:-1]
-        return key_entries + [key], value_entries + [value]
+        h = self.body(self.norm(self.read(keys, values)))
+        key: Optional[torch.Tensor] = None
+        if self.key is not None:
+            key = self.key(h)
+        return self.read.write(keys, values, key, self.value(h), self.position)
 
 
 class QimiaLayer(nn.Module):
-    """One attention block and one feed-forward block, the QIMIA counterpart of a ViT block.
-    ``summary_positions``: the blocks' places in their memory blocks (see :class:`QimiaBlock`)."""
+    """An attention block and a feed-forward block: the QIMIA counterpart of a ViT block."""
 
-    def __init__(
-            self,
-            dim: int,
-            num_heads: int,
-            key_dim: int,
-            depth_num_heads: int,
-            mlp_ratio: float = 4.,
-            qkv_bias: bool = True,
-            depth_kernel: str = 'dot',
-            key_norm: bool = False,
-            value_norm: str = 'layernorm',
-            proj_drop: float = 0.,
-            attn_drop: float = 0.,
-            path_drop: float = 0.,
-            summary_positions: Tuple[int, int] = (0, 0),
-            device=None,
-            dtype=None,
-    ) -> None:
+    def __init__(self, attn: QimiaBlock, mlp: QimiaBlock) -> None:
         super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        hidden = int(dim * mlp_ratio)
-        memory_args = dict(
-            dim=dim, key_dim=key_dim, depth_num_heads=depth_num_heads, depth_kernel=depth_kernel, key_norm=key_norm,
-            value_norm=value_norm, path_drop=path_drop, **dd,
-        )
-        attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **dd)
-        self.attn = QimiaBlock(attn, dim, summary_position=summary_positions[0], **memory_args)
-        self.mlp = QimiaBlock(
-            nn.Sequential(nn.Linear(dim, hidden, **dd), nn.Dropout(proj_drop)), hidden,
-            summary_position=summary_positions[1], **memory_args,
-        )
+        self.attn = attn
+        self.mlp = mlp
 
     def forward(
             self,
-            key_entries: List[torch.Tensor],
-            value_entries: List[torch.Tensor],
+            keys: List[torch.Tensor],
+            values: List[torch.Tensor],
     ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        key_entries, value_entries = self.attn(key_entries, value_entries)
-        return self.mlp(key_entries, value_entries)
+        keys, values = self.attn(keys, values)
+        return self.mlp(keys, values)
+
+
+def _fail(name: str, value: Any, allowed: str, error: type = ValueError) -> None:
+    raise error(f'{name} must be {allowed}, got {value!r}.')
+
+
+def _check_number(name: str, value: Any, kind: type, ok: Callable[[Any], bool], allowed: str) -> None:
+    """Raise naming the argument, the value and what is allowed: a TypeError unless ``value`` is of ``kind`` (bools
+    are not numbers here), a ValueError unless ``ok(value)``."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        _fail(name, value, allowed, TypeError)
+    if not ok(value):
+        _fail(name, value, allowed)
+
+
+def _check_arguments(args: Dict[str, Any]) -> None:
+    """Every constructor argument of :class:`VisionTransformerQimia` checked for type and range."""
+    for name in ('qkv_bias', 'key_norm', 'keys_from_values', 'sublayer_values', 'null_entry', 'class_token',
+                 'dynamic_img_size', 'dynamic_img_pad'):
+        if not isinstance(args[name], bool):
+            _fail(name, args[name], 'True or False', TypeError)
+    for name, low in (('in_chans', 1), ('num_classes', 0), ('embed_dim', 1), ('depth', 1), ('num_heads', 1),
+                      ('memory_block_size', 1), ('key_dim', 1), ('depth_num_heads', 1)):
+        optional = name in ('key_dim', 'depth_num_heads')
+        if not (optional and args[name] is None):
+            _check_number(name, args[name], numbers.Integral, lambda v: v >= low,
+                          f'an integer >= {low}' + (', or None for the default' if optional else ''))
+    for name in ('img_size', 'patch_size'):
+        value = args[name]
+        pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+        if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                     for v in pair):
+            _fail(name, value, 'an integer >= 1 or a pair of them (height, width)')
+    for name in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate', 'drop_path_rate'):
+        _check_number(name, args[name], numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
+    _check_number('mlp_ratio', args['mlp_ratio'], numbers.Real, lambda v: int(v * args['embed_dim']) >= 1,
+                  f"a number with int(embed_dim * mlp_ratio) >= 1 (embed_dim {args['embed_dim']})")
+    for name, choices in (('global_pool', GLOBAL_POOLS), ('depth_kernel', DEPTH_KERNELS),
+                          ('value_norm', VALUE_NORMS), ('weight_init', ('', 'skip'))):
+        if args[name] not in choices:
+            _fail(name, args[name], f'one of {choices}')
+    embed_dim, key_dim = args['embed_dim'], args['key_dim']
+    if embed_dim % args['num_heads']:
+        _fail('num_heads', args['num_heads'], f'a divisor of embed_dim ({embed_dim})')
+    if args['global_pool'] == 'token' and not args['class_token']:
+        _fail('global_pool', 'token', "'avg' or 'map' without a class token (class_token=False)")
+    if args['keys_from_values'] and key_dim not in (None, embed_dim):
+        _fail('key_dim', key_dim, f'None or embed_dim ({embed_dim}) with keys_from_values: the keys are the values')
+    if args['keys_from_values'] and args['key_norm']:
+        _fail('key_norm', True, 'False with keys_from_values, whose keys are RMS-normalised already')
 
 
 class VisionTransformerQimia(nn.Module):
-    """Vision Transformer whose blocks read a memory of all earlier blocks' outputs instead of a residual stream.
+    """Vision Transformer whose sublayers read a memory of all earlier outputs instead of a residual stream.
 
     Args:
         img_size: Input image size.
         patch_size: Patch size.
         in_chans: Number of image channels.
         num_classes: Number of classes of the head (0 for none).
-        global_pool: ``'token'`` (class token), ``'avg'`` (mean of patch tokens) or ``''`` (no pooling).
+        global_pool: ``'token'`` (class token), ``'avg'`` (mean of patch tokens), ``'map'`` (timm's attention
+            pooling) or ``''`` (no pooling).
         embed_dim: Token (value) width.
-        depth: Number of layers (each an attention block and a feed-forward block).
+        depth: Number of layers (each an attention and a feed-forward block).
         num_heads: Heads of the token attention.
         mlp_ratio: Feed-forward hidden width, as a multiple of ``embed_dim``.
         qkv_bias: Bias on the token attention's q, k, v projection.
-        key_dim: Width of the memory keys (and queries).
-        depth_num_heads: Depth-attention heads (default ``key_dim // 8``, heads of 8 key channels as in the
-            report's runs); they split keys and values.
+        key_dim: Width of the memory keys and queries (default ``embed_dim // 3``, the report found small keys train
+            best; ``embed_dim`` with ``keys_from_values``).
+        depth_num_heads: Depth-attention heads (default ``key_dim // 8``, heads of 8 key channels as in the report's
+            runs); they split keys and values.
         depth_kernel: ``'dot'`` (report Eq. 1) or ``'gaussian'`` (the report's L2 attention, HyperBF kernel).
         key_norm: Unit-L2 keys per head (the report's key normalisation).
-        value_norm: ``'layernorm'`` (LayerNorm without affine on every read, the default) or ``'batchnorm'``
-            (BatchNorm on every written value and no LayerNorm on reads).
+        keys_from_values: AttnRes's keys: every entry's key is its value, RMS-normalised per head.
+        sublayer_values: AttnRes's values: every sublayer is timm's pre-norm ``Attention`` or ``Mlp`` and writes its
+            output; the embedding (patch + position) is one entry.
+        value_norm: ``'layernorm'`` (LayerNorm on every read, the default) or ``'batchnorm'`` (BatchNorm on every
+            written value, and no LayerNorm on reads unless ``sublayer_values``).
         null_entry: A learned (key, value) entry that every read can attend to, to read (almost) nothing.
-        memory_block_size: Block-memory mode, in the spirit of Block Attention Residuals: the entries of every
-            ``memory_block_size`` consecutive blocks (attention and feed-forward blocks count separately) are merged
-            into one summary, values summed and keys averaged, so that reads attend over the stem's entries, the
-            finished summaries and the current one. 1 (the default) keeps every entry: QIMIA as in the report.
-            Under ``torch.compile`` choose 5: inductor adds a summary of up to four members inside every later read,
-            which keeps the members alive (README, "Speed and memory").
+        memory_block_size: Block memory (Block AttnRes): the entries of every ``memory_block_size`` consecutive
+            sublayers (attention and feed-forward blocks count separately) are merged into one summary, values
+            summed, so that reads attend over the stem's entries, the finished summaries and the current one. 1
+            keeps every entry.
         class_token: Prepend a class token.
         dynamic_img_size: Accept any input size, resampling the position embedding on the fly.
         dynamic_img_pad: Pad inputs whose size is not a multiple of the patch size.
@@ -202,6 +208,7 @@ class VisionTransformerQimia(nn.Module):
         weight_init: ``''`` for the ViT init (queries zero), ``'skip'`` to leave parameters uninitialised.
     """
     dynamic_img_size: Final[bool]
+    sublayer_values: Final[bool]
 
     def __init__(
             self,
@@ -215,10 +222,12 @@ class VisionTransformerQimia(nn.Module):
             num_heads: int = 12,
             mlp_ratio: float = 4.,
             qkv_bias: bool = True,
-            key_dim: int = 256,
+            key_dim: Optional[int] = None,
             depth_num_heads: Optional[int] = None,
             depth_kernel: str = 'dot',
             key_norm: bool = False,
+            keys_from_values: bool = False,
+            sublayer_values: bool = False,
             value_norm: str = 'layernorm',
             null_entry: bool = False,
             memory_block_size: int = 1,
@@ -235,27 +244,25 @@ class VisionTransformerQimia(nn.Module):
             dtype=None,
     ) -> None:
         super().__init__()
-        if value_norm not in VALUE_NORMS:
-            raise ValueError(f"Unknown value_norm '{value_norm}': use one of {VALUE_NORMS}.")
-        if memory_block_size < 1:
-            raise ValueError(
-                f'memory_block_size must be at least 1 (1 keeps every entry), got {memory_block_size}.')
-        if global_pool not in GLOBAL_POOLS:
-            raise ValueError(f"Unknown global_pool '{global_pool}': use one of {GLOBAL_POOLS}.")
-        if global_pool == 'token' and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a class token.")
+        _check_arguments(locals())
+        key_dim = key_dim or (embed_dim if keys_from_values else max(embed_dim // 3, 1))
+        heads = depth_num_heads or max(key_dim // 8, 1)
+        if key_dim % heads or embed_dim % heads:
+            _fail('depth_num_heads', heads, f'a common divisor of key_dim ({key_dim}) and embed_dim ({embed_dim})'
+                                            f'{"" if depth_num_heads else " (the default is key_dim // 8)"}')
         dd = {'device': device, 'dtype': dtype}
-        depth_num_heads = depth_num_heads or max(key_dim // 8, 1)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.in_chans = in_chans
         self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
+        self.num_heads, self.mlp_ratio = num_heads, mlp_ratio
         self.num_prefix_tokens = 1 if class_token else 0
         self.has_class_token = class_token
         self.dynamic_img_size = dynamic_img_size
+        self.sublayer_values = sublayer_values
         self.grad_checkpointing = False
 
-        # stem: the patch embedding and the position embedding, two entries of the memory (report appendix)
+        # the stem: the patch and the position embeddings (or their sum, the token embedding), entries of the memory
         embed_args = dict(strict_img_size=False, output_fmt='NHWC') if dynamic_img_size else {}
         self.patch_embed = PatchEmbed(
             img_size=img_size,
@@ -270,56 +277,67 @@ class VisionTransformerQimia(nn.Module):
         self.cls_token = nn.Parameter(torch.empty(1, 1, embed_dim, **dd)) if class_token else None
         self.pos_embed = nn.Parameter(torch.empty(1, num_patches + self.num_prefix_tokens, embed_dim, **dd))
         self.pos_drop = nn.Dropout(p=pos_drop_rate)
-        self.read_out = DepthAttention(
-            embed_dim, key_dim, depth_num_heads, kernel=depth_kernel, norm=value_norm == 'layernorm', **dd)
-        self.key_format = DepthKey(key_dim, depth_num_heads, normalize=key_norm, kernel=depth_kernel)
-        self.patch_key = nn.Linear(embed_dim, key_dim, **dd)
-        self.pos_key = nn.Linear(embed_dim, key_dim, **dd)
         batchnorm = value_norm == 'batchnorm'
+        read = partial(DepthAttention, key_dim, heads, kernel=depth_kernel,
+                       key_norm='rms' if keys_from_values else 'l2' if key_norm else '', **dd)
+        self.read_out = read()
+        learned_keys = not keys_from_values
+        self.patch_key = nn.Linear(embed_dim, key_dim, **dd) if learned_keys else None
+        self.pos_key = nn.Linear(embed_dim, key_dim, **dd) if learned_keys and not sublayer_values else None
         self.patch_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm else nn.Identity()
-        self.pos_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm else nn.Identity()
-        self.null_key = nn.Parameter(torch.empty(key_dim, **dd)) if null_entry else None
+        self.pos_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm and not sublayer_values else nn.Identity()
+        self.null_key = nn.Parameter(torch.empty(key_dim, **dd)) if null_entry and learned_keys else None
         self.null_value = nn.Parameter(torch.empty(embed_dim, **dd)) if null_entry else None
-        self.num_stem_entries = 2 + int(null_entry)
+        self.num_stem_entries = (1 if sublayer_values else 2) + int(null_entry)
 
-        path_drop = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # grows linearly, as drop path
+        def block(index: int, body: nn.Module, body_dim: int) -> QimiaBlock:
+            """Sublayer ``index`` (2 per layer): its norm, key and value paths around ``body``."""
+            norm = nn.LayerNorm(embed_dim, eps=1e-6, elementwise_affine=sublayer_values, **dd) \
+                if sublayer_values or not batchnorm else nn.Identity()
+            value = [] if sublayer_values else [PReLULinear(body_dim, embed_dim, **dd)]
+            value += [TokenBatchNorm(embed_dim, **dd)] if batchnorm else []
+            key = nn.Sequential(PReLULinear(body_dim, key_dim, **dd)) if learned_keys else None
+            path_drop = drop_path_rate * (index // 2) / max(depth - 1, 1)  # grows linearly, as drop path
+            return QimiaBlock(read(path_drop=path_drop), norm, body, key, nn.Sequential(*value),
+                              position=index % memory_block_size)
+
+        hidden = int(embed_dim * mlp_ratio)
         self.blocks = nn.ModuleList([  # layers take and return the memory, so not a Sequential
             QimiaLayer(
-                embed_dim,
-                num_heads,
-                key_dim,
-                depth_num_heads,
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                depth_kernel=depth_kernel,
-                key_norm=key_norm,
-                value_norm=value_norm,
-                proj_drop=proj_drop_rate,
-                attn_drop=attn_drop_rate,
-                path_drop=path_drop[i],
-                summary_positions=((2 * i) % memory_block_size, (2 * i + 1) % memory_block_size),
-                **dd,
+                block(2 * i, Attention(embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
+                                       proj_drop=proj_drop_rate, **dd), embed_dim),
+                block(2 * i + 1, Mlp(embed_dim, hidden, drop=proj_drop_rate, **dd), embed_dim) if sublayer_values
+                else block(2 * i + 1, nn.Sequential(nn.Linear(embed_dim, hidden, **dd), nn.Dropout(proj_drop_rate)),
+                           hidden),
             )
             for i in range(depth)
         ])
-        # head (registered last: train.py's adaptive gradient clipping leaves out the last two parameters)
         patch = self.patch_embed.patch_size
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch[0]) for i in range(depth)]
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
+        # one LayerNorm where 0.1 had the output read's and this one (eps 1e-6 each): the same function, eps 1e-12
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6 if sublayer_values or batchnorm else 1e-12, **dd)
+        self.attn_pool = self._attention_pool() if global_pool == 'map' else None
+        # head (registered last: train.py's adaptive gradient clipping leaves out the last two parameters)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.init_weights(weight_init)
 
+    def _attention_pool(self) -> AttentionPoolLatent:
+        """timm's attention pooling, as timm's ViT builds it for ``global_pool='map'``."""
+        param = self.pos_embed
+        return AttentionPoolLatent(
+            self.embed_dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
+            norm_layer=partial(nn.LayerNorm, eps=1e-6), device=param.device, dtype=param.dtype)
+
     def init_weights(self, mode: str = '') -> None:
-        if mode not in ('', 'skip'):
-            raise ValueError(f"Unknown weight_init '{mode}': use '' (ViT init) or 'skip'.")
         if mode == 'skip':
             return
         trunc_normal_(self.pos_embed, std=.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-        if self.null_key is not None and self.null_value is not None:
+        if self.null_key is not None:
             trunc_normal_(self.null_key, std=.02)
+        if self.null_value is not None:
             nn.init.zeros_(self.null_value)
         named_apply(init_weights_vit_timm, self, include_root=False)  # Linears trunc-normal, else init_weights()
 
@@ -348,12 +366,17 @@ class VisionTransformerQimia(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        _check_number('num_classes', num_classes, numbers.Integral, lambda v: v >= 0, 'an integer >= 0')
         if global_pool is not None:
-            if global_pool not in GLOBAL_POOLS:
-                raise ValueError(f"Unknown global_pool '{global_pool}': use one of {GLOBAL_POOLS}.")
+            if global_pool not in GLOBAL_POOLS or global_pool == 'token' and not self.has_class_token:
+                _fail('global_pool', global_pool, f"one of {GLOBAL_POOLS} ('token' with a class token)")
+            if global_pool != 'map':
+                self.attn_pool = None
+            elif self.attn_pool is None:
+                self.attn_pool = self._attention_pool().train(self.training)
             self.global_pool = global_pool
         self.num_classes = num_classes
-        param = next(self.parameters())
+        param = self.pos_embed
         self.head = nn.Linear(self.embed_dim, num_classes, device=param.device, dtype=param.dtype) \
             if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
@@ -379,16 +402,12 @@ class VisionTransformerQimia(nn.Module):
         for info in self.feature_info:
             info['reduction'] = self.patch_embed.patch_size[0]
 
-    # --- memory -----------------------------------------------------------------------------------------------------
-
-    @property
-    def num_memory_entries(self) -> int:
-        """Entries of a full forward pass: null entry (if any), patch and position embeddings, two per layer."""
-        return self.num_stem_entries + 2 * len(self.blocks)
+    # --- forward ----------------------------------------------------------------------------------------------------
 
     def init_memory(self, x: torch.Tensor) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        """Images to the stem's entries: ``(keys, values)``, the null entry (if any), then the patch embedding
-        ``(B, N, .)`` and the position embedding (``(1, N, .)``, shared by the batch)."""
+        """Images to the stem's entries ``(keys, values)``: the null entry (if any), then the patch embedding
+        ``(B, N, .)`` and the position embedding (``(1, N, .)``, shared by the batch), or with ``sublayer_values``
+        the token embedding, their sum."""
         tokens = self.patch_embed(x)
         pos_embed = self.pos_embed
         if self.dynamic_img_size:
@@ -397,16 +416,21 @@ class VisionTransformerQimia(nn.Module):
             tokens = tokens.view(B, -1, C)
         if self.cls_token is not None:  # in the tokens' dtype, so that the entry's dtype does not depend on it
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+        if self.sublayer_values:
+            tokens = tokens + pos_embed
         tokens = self.pos_drop(tokens)
         keys: List[torch.Tensor] = []
         values: List[torch.Tensor] = []
-        if self.null_key is not None and self.null_value is not None:
-            keys.append(self.key_format(self.null_key))
-            values.append(self.null_value)
-        keys.append(self.key_format(self.patch_key(tokens)))
-        values.append(self.patch_value_norm(tokens))
-        keys.append(self.key_format(self.pos_key(pos_embed)))
-        values.append(self.pos_value_norm(pos_embed))
+        if self.null_value is not None:
+            keys, values = self.read_out.write(keys, values, self.null_key, self.null_value, 0)
+        key: Optional[torch.Tensor] = None
+        if self.patch_key is not None:
+            key = self.patch_key(tokens)
+        keys, values = self.read_out.write(keys, values, key, self.patch_value_norm(tokens), 0)
+        if not self.sublayer_values:
+            if self.pos_key is not None:
+                key = self.pos_key(pos_embed)
+            keys, values = self.read_out.write(keys, values, key, self.pos_value_norm(pos_embed), 0)
         return keys, values
 
     def _forward_taken(self, x: torch.Tensor, taken: List[int], last: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
@@ -425,14 +449,14 @@ class VisionTransformerQimia(nn.Module):
                     intermediates.append(values[-1])
         return self.read_out(keys, values), intermediates
 
-    # --- forward ----------------------------------------------------------------------------------------------------
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x, _ = self._forward_taken(x, [], len(self.blocks) - 1)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.global_pool == 'token':
+        if self.attn_pool is not None:
+            x = self.attn_pool(x[:, self.num_prefix_tokens:])
+        elif self.global_pool == 'token':
             x = x[:, 0]
         elif self.global_pool == 'avg':
             x = x[:, self.num_prefix_tokens:].mean(dim=1)
@@ -465,7 +489,7 @@ class VisionTransformerQimia(nn.Module):
             intermediates_only: Return only the intermediates.
         """
         if output_fmt not in ('NCHW', 'NLC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got '{output_fmt}'.")
+            _fail('output_fmt', output_fmt, "'NCHW' or 'NLC'")
         taken, max_index = feature_take_indices(len(self.blocks), indices)
         B, _, height, width = x.shape
         x, intermediates = self._forward_taken(x, taken, max_index if stop_early else len(self.blocks) - 1)
@@ -500,64 +524,70 @@ class VisionTransformerQimia(nn.Module):
             self.reset_classifier(0, '')
         return taken
 
-    # --- diagnostics ------------------------------------------------------------------------------------------------
 
-    @torch.jit.ignore
-    def memory_entry_names(self) -> List[str]:
-        """Names of the memory entries, in order: ``null``, ``patch``, ``pos``, then ``{layer}.attn``,
-        ``{layer}.mlp``."""
-        names = ['null'] if self.null_key is not None else []
-        names += ['patch', 'pos']
-        return names + [f'{i}.{part}' for i in range(len(self.blocks)) for part in ('attn', 'mlp')]
+@torch.no_grad()
+def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dict[str, Any]:
+    """Where a model's reads attend, for a batch ``x``, in eval mode (the model's mode is kept), float32 on the CPU:
 
-    @torch.jit.ignore
-    def depth_attention_stats(self, x: torch.Tensor) -> Dict[str, Any]:
-        """Depth-attention diagnostics for a batch, in eval mode and without gradients (the model's mode is kept),
-        all float32 on the CPU:
+    * ``matrix``: ``(reads, entries)``, the mean weight of each read (rows: every sublayer, then the output read) on
+      each entry (columns); NaN where the read does not see the entry (not yet written, or merged into a summary in
+      block memory: a summary is named by its newest member);
+    * ``entropy``: ``(reads,)``, the report's entropy metric: the mean normalised entropy of the weights (1: the
+      uniform average, as a residual stream; 0: one entry);
+    * ``query_norm``: ``(reads,)``, the norm of each read's query;
+    * ``readers`` and ``entries``: row and column names.
+    """
+    sublayers = [(f'{i}.{part}', getattr(layer, part)) for i, layer in enumerate(model.blocks)
+                 for part in ('attn', 'mlp')]
+    reads = [block.read for _, block in sublayers] + [model.read_out]
+    entries = (['null'] if model.null_value is not None else []) + (['embed'] if model.sublayer_values else
+                                                                     ['patch', 'pos'])
+    seen, columns = [], list(range(len(entries)))  # the columns of the entries that each read attends over
+    for name, block in sublayers:
+        seen.append(columns)
+        columns = (columns[:-1] if block.position > 0 else columns) + [len(entries)]
+        entries.append(name)
+    seen.append(columns)
+    weights = []
+    hooks = [read.register_forward_pre_hook(lambda read, args: weights.append(read.weights(args[0]).float().cpu()))
+             for read in reads]
+    was_training = model.training
+    try:
+        model.eval().forward_features(x)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    matrix = torch.full((len(reads), len(entries)), math.nan)
+    for row, (w, cols) in enumerate(zip(weights, seen)):
+        matrix[row, cols] = w.mean((1, 2, 3))
+    return dict(
+        matrix=matrix,
+        entropy=torch.stack([normalized_entropy(w) for w in weights]),
+        query_norm=torch.stack([read.query.float().norm().cpu() for read in reads]),
+        readers=[name for name, _ in sublayers] + ['out'],
+        entries=entries,
+    )
 
-        * ``matrix``: ``(reads, entries)`` mean attention weight of each read (rows: every block, then the output
-          read) on each entry (columns, :meth:`memory_entry_names`); NaN where the read does not see the entry
-          (not yet written, or in block-memory mode merged into a later summary, named by its last block);
-        * ``entropy``: ``(reads,)`` the report's entropy metric, the mean normalised entropy of the weights
-          (1: uniform over the entries, as a residual stream; 0: one entry);
-        * ``query_norm``: ``(reads,)`` the norm of each read's query;
-        * ``readers`` and ``entries``: row and column names.
-        """
-        was_training = self.training
-        self.eval()
-        readers, weights, seen = [], [], []  # seen: the columns of the entries that each read attends over
-        try:
-            with torch.no_grad():
-                keys, values = self.init_memory(x)
-                columns = list(range(self.num_stem_entries))
-                for i, layer in enumerate(self.blocks):
-                    for j, block in enumerate((layer.attn, layer.mlp)):
-                        readers.append((f"{i}.{('attn', 'mlp')[j]}", block.read))
-                        weights.append(block.read.weights(keys).float().cpu())
-                        seen.append(list(columns))
-                        keys, values = block(keys, values)
-                        column = self.num_stem_entries + 2 * i + j
-                        columns = columns[:-1] + [column] if block.summary_position > 0 else columns + [column]
-                readers.append(('out', self.read_out))
-                weights.append(self.read_out.weights(keys).float().cpu())
-                seen.append(columns)
-        finally:
-            self.train(was_training)
-        matrix = torch.full((len(weights), self.num_memory_entries), math.nan, dtype=torch.float32)
-        for row, (w, cols) in enumerate(zip(weights, seen)):
-            matrix[row, cols] = w.mean((1, 2, 3))
-        return dict(
-            matrix=matrix,
-            entropy=torch.stack([normalized_entropy(w) for w in weights]),
-            query_norm=torch.stack([read.query.detach().float().norm().cpu() for _, read in readers]),
-            readers=[name for name, _ in readers],
-            entries=self.memory_entry_names(),
-        )
+
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTransformerQimia) -> Dict[str, torch.Tensor]:
+    """A checkpoint for ``model``: the position embedding resampled to its grid, the patch embedding to its patch size
+    (every other key as it is: the state-dict names have not changed since timm_hbf 0.1)."""
+    state_dict = dict(state_dict)
+    pos_embed, patch = state_dict.get('pos_embed'), state_dict.get('patch_embed.proj.weight')
+    if pos_embed is not None and pos_embed.shape != model.pos_embed.shape:
+        state_dict['pos_embed'] = resample_abs_pos_embed(
+            pos_embed, new_size=list(model.patch_embed.grid_size), num_prefix_tokens=model.num_prefix_tokens,
+            verbose=True)
+    if patch is not None and patch.shape[-2:] != model.patch_embed.proj.weight.shape[-2:]:
+        state_dict['patch_embed.proj.weight'] = resample_patch_embed(patch, list(model.patch_embed.patch_size),
+                                                                     verbose=True)
+    return state_dict
 
 
 def _create_vit_qimia(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
     out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
+    return build_model(
         VisionTransformerQimia,
         variant,
         pretrained,
@@ -590,6 +620,8 @@ def _cifar_cfg(**kwargs) -> Dict[str, Any]:
     return _cfg(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR10_MEAN, std=CIFAR10_STD, **kwargs)
 
 
+ATTNRES = dict(paper_name='Attention Residuals (Kimi Team, 2026)', paper_ids='arXiv:2603.15031')
+
 # Only architectures for now: no tag points at weights until weights are published.
 default_cfgs = generate_default_cfgs({
     'vit_qimia_tiny.untrained': _cifar_cfg(),
@@ -599,12 +631,21 @@ default_cfgs = generate_default_cfgs({
     'vit_qimia_tiny_patch16_224.untrained': _cfg(),
     'vit_qimia_small_patch16_224.untrained': _cfg(),
     'vit_qimia_base_patch16_224.untrained': _cfg(),
+    'vit_attnres_tiny.untrained': _cifar_cfg(**ATTNRES),
+    'vit_attnres_block_tiny.untrained': _cifar_cfg(**ATTNRES),
+    'vit_attnres_tiny_patch16_224.untrained': _cfg(**ATTNRES),
+    'vit_attnres_block_tiny_patch16_224.untrained': _cfg(**ATTNRES),
 })
 
-# ViT-Ti/S/B widths; keys a third of the width (the report found small keys train best), depth heads of 8 channels
-_TINY = dict(embed_dim=192, depth=12, num_heads=3, key_dim=64)
-_SMALL = dict(embed_dim=384, depth=12, num_heads=6, key_dim=128)
-_BASE = dict(embed_dim=768, depth=12, num_heads=12, key_dim=256)
+# ViT-Ti/S/B widths; keys a third of the width (the default), depth heads of 8 key channels
+_TINY = dict(embed_dim=192, depth=12, num_heads=3)
+_SMALL = dict(embed_dim=384, depth=12, num_heads=6)
+_BASE = dict(embed_dim=768, depth=12, num_heads=12)
+# Attention Residuals: all four differences from QIMIA
+_ATTNRES = dict(keys_from_values=True, sublayer_values=True, depth_num_heads=1)
+# Block AttnRes: blocks of two layers (4 sublayers), 6 blocks over vit_attnres_tiny's 24 sublayers: AttnRes's
+# implementation puts block boundaries between layers, and about 8 blocks recover most of Full AttnRes's gain
+_BLOCK = dict(_ATTNRES, memory_block_size=4)
 
 
 @register_model
@@ -655,3 +696,31 @@ def vit_qimia_base_patch16_224(pretrained: bool = False, **kwargs) -> VisionTran
     """QIMIA ViT-B/16 at 224 x 224."""
     model_args = dict(patch_size=16, **_BASE)
     return _create_vit_qimia('vit_qimia_base_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def vit_attnres_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
+    """Full Attention Residuals at ViT-Ti size (192 wide, 12 layers, 3 heads, one depth head), patch 4 at 32 x 32."""
+    model_args = dict(patch_size=4, **_TINY, **_ATTNRES)
+    return _create_vit_qimia('vit_attnres_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def vit_attnres_block_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
+    """Block Attention Residuals at ViT-Ti size, blocks of 2 layers, patch 4 at 32 x 32."""
+    model_args = dict(patch_size=4, **_TINY, **_BLOCK)
+    return _create_vit_qimia('vit_attnres_block_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def vit_attnres_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
+    """Full Attention Residuals, ViT-Ti/16 at 224 x 224."""
+    model_args = dict(patch_size=16, **_TINY, **_ATTNRES)
+    return _create_vit_qimia('vit_attnres_tiny_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def vit_attnres_block_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
+    """Block Attention Residuals, ViT-Ti/16 at 224 x 224, blocks of 2 layers."""
+    model_args = dict(patch_size=16, **_TINY, **_BLOCK)
+    return _create_vit_qimia('vit_attnres_block_tiny_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
