@@ -17,10 +17,15 @@ deviation over seeds, the test accuracy's ratio to the baseline's) and ``accurac
         --models vit_hyperbf_memo143_patch4_32 vit_qimia_base vit_base_patch16_224
     python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --seeds 0 1 2 \\
         -- --device cpu --epochs 3 --model-kwargs img_size=32 patch_size=4 depth=4        # a short race on a CPU
+    python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --seeds 0 1 2 \\
+        --models vit_tiny_patch16_224 vit_qimia_tiny vit_qimia_tiny:keys_from_values=True \\
+        vit_qimia_tiny:sublayer_values=True vit_qimia_tiny:depth_num_heads=1 vit_qimia_tiny:memory_block_size=4 \\
+        vit_attnres_tiny vit_attnres_block_tiny -- --epochs 5 --model-kwargs img_size=32 patch_size=4 depth=6
 
 ``--scripts`` is a checkout of timm's git repository: train.py and validate.py are not installed with timm.
 Arguments after ``--`` go to train.py (``--epochs 10`` overrides the recipe's epochs; ``--device cpu`` without a GPU;
-``--model-kwargs`` replaces the recipe's).
+``--model-kwargs`` replaces the recipe's). A model ``NAME:KEY=VALUE,...`` is a variant: its arguments go on top of
+every run's (the last command: the ablation of attention over depth, 6 layers of width 192).
 """
 import argparse
 import csv
@@ -33,7 +38,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -68,11 +73,38 @@ def split_data(source: Path, test_split: str, dest: Path, val_per_class: int) ->
     return dest
 
 
+def model_spec(spec: str) -> Tuple[str, Dict[str, str]]:
+    """``NAME`` or ``NAME:KEY=VALUE[,KEY=VALUE...]``: a registered model, or one built with arguments of its own (an
+    ablation's variant, such as ``vit_qimia_tiny:keys_from_values=True``)."""
+    name, _, options = spec.partition(':')
+    pairs = [option.split('=', 1) for option in options.split(',') if option]
+    if not name or any(len(pair) != 2 or not pair[0] for pair in pairs):
+        raise SystemExit(f'--models {spec}: expected NAME or NAME:KEY=VALUE[,KEY=VALUE...], such as '
+                         'vit_qimia_tiny:keys_from_values=True,depth_num_heads=1')
+    return name, dict(pairs)
+
+
+def given_model_kwargs(args) -> Dict[str, str]:
+    """The model arguments every run gets: the recipe's, replaced by a ``--model-kwargs`` given after ``--`` (as
+    train.py replaces them)."""
+    kwargs = {k: str(v) for k, v in (yaml.safe_load(Path(args.recipe).read_text()).get('model_kwargs') or {}).items()}
+    if '--model-kwargs' in args.train_args:
+        start = args.train_args.index('--model-kwargs') + 1
+        end = next((i for i in range(start, len(args.train_args)) if args.train_args[i].startswith('--')),
+                   len(args.train_args))
+        kwargs = dict(option.split('=', 1) for option in args.train_args[start:end])
+    return kwargs
+
+
 def train_command(args, model: str, seed: int, data: Path, experiment: str) -> List[str]:
+    """train.py's command line; a variant's arguments go on top of every run's (one ``--model-kwargs``, last)."""
+    name, variant = model_spec(model)
+    own = ['--model-kwargs', *(f'{k}={v}' for k, v in {**given_model_kwargs(args), **variant}.items())] \
+        if variant else []
     return [sys.executable, '-m', 'timm_hbf.run', str(Path(args.scripts) / 'train.py'), '-c', str(args.recipe),
-            '--model', model, '--seed', str(seed), '--data-dir', str(data), '--train-split', 'train',
+            '--model', name, '--seed', str(seed), '--data-dir', str(data), '--train-split', 'train',
             '--val-split', 'val', '--output', str(Path(args.out) / 'runs'), '--experiment', experiment,
-            *args.train_args]
+            *args.train_args, *own]
 
 
 def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
@@ -92,7 +124,7 @@ def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
 
 def run(args, model: str, seed: int, data: Path) -> Dict:
     """Train one model with one seed, then test its best checkpoint; the commands, every epoch and the accuracies."""
-    experiment = f'{model}-seed{seed}'
+    experiment = f"{model.replace(':', '+').replace(',', '+')}-seed{seed}"
     run_dir = Path(args.out) / 'runs' / experiment
     if run_dir.exists():
         raise RuntimeError(f'{run_dir} exists (train.py would add to its summary.csv): remove it or choose another '
@@ -172,7 +204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--data', required=True, help='ImageFolder dataset with train/ and test/')
     parser.add_argument('--test-split', default='test', help='the folder measured once (default: %(default)s)')
     parser.add_argument('--recipe', default=str(SHORT_RECIPE), help='train.py config (default: %(default)s)')
-    parser.add_argument('--models', nargs='+', default=['vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_tiny_patch16_224'])
+    parser.add_argument('--models', nargs='+', default=['vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_tiny_patch16_224'],
+                        help='NAME, or NAME:KEY=VALUE[,KEY=VALUE...] for a variant with arguments of its own')
     parser.add_argument('--baseline', default='vit_tiny_patch16_224', help='the model the ratios are to')
     parser.add_argument('--seeds', type=int, nargs='+', default=[42])
     parser.add_argument('--val-per-class', type=int, default=500, help='train images of every class held out')
@@ -186,6 +219,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
                              'git clone https://github.com/huggingface/pytorch-image-models')
     if not Path(args.recipe).is_file():
         raise SystemExit(f'--recipe {args.recipe}: no such file (the recipes are in {SHORT_RECIPE.parents[1]}).')
+    for model in args.models:
+        model_spec(model)
     out = Path(args.out)
     data = split_data(Path(args.data), args.test_split, out / 'data', args.val_per_class)
     cuda = torch.cuda.is_available() and '--device' not in args.train_args

@@ -23,16 +23,19 @@ parser = argparse.ArgumentParser()
 for flag in ('-c', '--model', '--seed', '--data-dir', '--train-split', '--val-split', '--output', '--experiment',
              '--device', '--epochs'):
     parser.add_argument(flag)
+parser.add_argument('--model-kwargs', nargs='*')
 args = parser.parse_args()
 if args.model == 'broken':
     sys.exit('no such model')
 out = Path(args.output) / args.experiment
 out.mkdir(parents=True)
 (out / 'argv.json').write_text(json.dumps(sys.argv[1:]))
-(out / 'args.yaml').write_text(yaml.safe_dump(dict(yaml.safe_load(Path(args.c).read_text()), model=args.model,
-                                                   device=args.device or 'cuda')))
+recipe = yaml.safe_load(Path(args.c).read_text())
+if args.model_kwargs is not None:
+    recipe['model_kwargs'] = dict(option.split('=') for option in args.model_kwargs)
+(out / 'args.yaml').write_text(yaml.safe_dump(dict(recipe, model=args.model, device=args.device or 'cuda')))
 (out / 'model_best.pth.tar').write_bytes(b'')
-best = {'vit_hyperbf_tiny': 36, 'vit_tiny_patch16_224': 40}[args.model] + int(args.seed)
+best = {'vit_hyperbf_tiny': 36, 'vit_tiny_patch16_224': 40, 'vit_qimia_tiny': 30}[args.model] + int(args.seed)
 (out / 'summary.csv').write_text(f'epoch,eval_top1\\n0,20\\n1,{best}\\n2,30\\n')
 '''
 
@@ -41,7 +44,8 @@ import json, sys
 from pathlib import Path
 argv = sys.argv[1:]
 seed = int(Path(argv[argv.index('--checkpoint') + 1]).parent.name.rsplit('seed', 1)[1])
-top1 = {'vit_hyperbf_tiny': 45, 'vit_tiny_patch16_224': 50}[argv[argv.index('--model') + 1]] + seed
+model = argv[argv.index('--model') + 1]
+top1 = {'vit_hyperbf_tiny': 45, 'vit_tiny_patch16_224': 50, 'vit_qimia_tiny': 40}[model] + seed
 Path(argv[argv.index('--results-file') + 1]).write_text(json.dumps({'top1': top1, 'argv': argv}))
 '''
 
@@ -101,6 +105,23 @@ def test_runs_train_on_train_choose_on_val_test_once_and_sum_up_the_seeds(cifar1
     assert (out / 'accuracy.png').read_bytes()[:4] == b'\x89PNG'
 
 
+def test_a_variant_trains_its_model_with_its_own_arguments_on_top_of_every_runs(cifar10_sample, scripts, tmp_path):
+    out = tmp_path / 'out'
+    record = accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--recipe', str(MODERN),
+                      '--models', 'vit_qimia_tiny', 'vit_qimia_tiny:keys_from_values=True,depth_num_heads=1',
+                      '--val-per-class', '10', '--out', str(out), '--', '--model-kwargs', 'img_size=32', 'depth=6')
+    plain = json.loads((out / 'runs' / 'vit_qimia_tiny-seed42' / 'argv.json').read_text())
+    assert plain[plain.index('--model-kwargs') + 1:] == ['img_size=32', 'depth=6']
+    run_dir = out / 'runs' / 'vit_qimia_tiny+keys_from_values=True+depth_num_heads=1-seed42'
+    train = json.loads((run_dir / 'argv.json').read_text())
+    assert train[train.index('--model') + 1] == 'vit_qimia_tiny'
+    assert train[-5:] == ['--model-kwargs', 'img_size=32', 'depth=6', 'keys_from_values=True', 'depth_num_heads=1']
+    test = json.loads((run_dir / 'test.json').read_text())['argv']
+    assert set(test[test.index('--model-kwargs') + 1:][:4]) == {'img_size=32', 'depth=6', 'keys_from_values=True',
+                                                                'depth_num_heads=1'}
+    assert list(record['summary']) == ['vit_qimia_tiny', 'vit_qimia_tiny:keys_from_values=True,depth_num_heads=1']
+
+
 def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, tmp_path):
     out = tmp_path / 'out'
     with pytest.raises(SystemExit, match=r'broken-seed42: train.py failed, see .*broken-seed42.log'):
@@ -115,11 +136,13 @@ def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, 
     ('scripts', r'no train.py.*git clone'),
     ('data', r'expected an ImageFolder layout with train/ and test/'),
     ('val', r'--val-per-class 100 leaves no training image of class airplane'),
+    ('variant', r'--models vit_qimia_tiny:depth: expected NAME or NAME:KEY=VALUE'),
 ])
 def test_bad_input_names_the_fix(problem, match, cifar10_sample, scripts, tmp_path):
-    argv = dict(scripts=scripts, data=cifar10_sample, recipe=MODERN, val='10')
+    argv = dict(scripts=scripts, data=cifar10_sample, recipe=MODERN, val='10', model='vit_hyperbf_tiny')
     argv.update({'recipe': dict(recipe=tmp_path / 'nope.yaml'), 'scripts': dict(scripts=tmp_path),
-                 'data': dict(data=cifar10_sample / 'train'), 'val': dict(val='100')}[problem])
+                 'data': dict(data=cifar10_sample / 'train'), 'val': dict(val='100'),
+                 'variant': dict(model='vit_qimia_tiny:depth')}[problem])
     with pytest.raises(SystemExit, match=match):
         accuracy('--scripts', str(argv['scripts']), '--data', str(argv['data']), '--recipe', str(argv['recipe']),
-                 '--val-per-class', argv['val'], '--out', str(tmp_path / 'out'))
+                 '--val-per-class', argv['val'], '--models', argv['model'], '--out', str(tmp_path / 'out'))
