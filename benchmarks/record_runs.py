@@ -58,8 +58,9 @@ def record(run_dir: Path) -> Dict:
     args = yaml.safe_load((run_dir / 'args.yaml').read_text())
     log = log_path.read_text()
     seconds = epoch_seconds(log)
-    with (run_dir / 'summary.csv').open() as f:
-        epochs = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    with (run_dir / 'summary.csv').open() as f:  # a resumed run repeats the header, and the epoch it resumed in
+        rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f) if row['epoch'] != 'epoch']
+    epochs = list({row['epoch']: row for row in rows}.values())
     for row in epochs:
         row['seconds'] = seconds.get(int(row['epoch']))
     return dict(

@@ -33,8 +33,10 @@ def make_run(root: Path, model: str, top1: list, batch_s: float) -> Path:
     run.mkdir(parents=True)
     (run / 'args.yaml').write_text(yaml.safe_dump(dict(model=model, epochs=len(top1), lr_base=2e-3, seed=42)))
     for epoch, acc in enumerate(top1):
+        if epoch == 1:  # killed after its summary row and before its checkpoint; train.py resumed writes a header
+            update_summary(epoch, dict(loss=3.), dict(loss=1., top1=0., top5=0.), run / 'summary.csv')
         update_summary(epoch, dict(loss=2.), dict(loss=1., top1=acc, top5=90.), run / 'summary.csv',
-                       write_header=epoch == 0)
+                       write_header=epoch <= 1)
     (root / f'{model}.log').write_text(train_log(len(top1), batch_s, 0.5))
     return run
 
@@ -47,6 +49,7 @@ def test_runs_are_recorded_with_their_last_epoch_their_times_and_the_ratio_to_th
 
     vit, hbf = result['runs']
     assert hbf['test_top1'] == 63.  # the last epoch, not the best one
+    assert [e['eval_top1'] for e in hbf['epochs']] == [45., 72., 63.]  # the resumed epoch's row of its second run
     assert [e['seconds'] for e in hbf['epochs']] == [13., 13., 13.]  # 3 x 4 s of training, 2 x 0.5 s of test
     assert hbf['cpu_hours'] == pytest.approx(39. / 3600.)
     assert hbf['started'] == ['2026-11-25T13:00:00Z', '2026-11-25T15:00:00Z'] and len(hbf['commands']) == 2

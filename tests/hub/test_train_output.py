@@ -36,6 +36,18 @@ def test_folder_stands_for_its_best_checkpoint(train_run):
     assert max(train.summary, key=lambda row: row['eval_top1'])['eval_top1'] == best['metric']
 
 
+def test_a_resumed_runs_summary_has_one_row_per_epoch_the_last_of_each(train_run, tmp_path):
+    run = shutil.copytree(train_run, tmp_path / 'run')
+    lines = (run / 'summary.csv').read_text().splitlines()
+    header, rows = lines[0], lines[1:]
+    # killed after epoch 2's row and before its checkpoint: train.py resumed at epoch 2 writes its header again
+    (run / 'summary.csv').write_text('\n'.join([header, *rows[:3], header, rows[2].replace(',', ',1', 1),
+                                                *rows[3:]]) + '\n')
+    summary = read_train_output(run).summary
+    assert [row['epoch'] for row in summary] == [0, 1, 2, 3]
+    assert summary[2]['train_loss'] == float('1' + rows[2].split(',')[1])  # the row written after the resume
+
+
 def test_folder_without_best_checkpoint_stands_for_the_last(train_run, tmp_path):
     run = shutil.copytree(train_run, tmp_path / 'run')
     (run / 'model_best.pth.tar').unlink()

@@ -131,7 +131,8 @@ def _read_args(path: Path, stored: Optional[argparse.Namespace]) -> Dict[str, An
 
 
 def _read_summary(path: Path) -> List[Dict[str, float]]:
-    """``summary.csv``: one dict of numbers per epoch; none if it is missing."""
+    """``summary.csv``: one dict of numbers per epoch (the last row of an epoch trained again after a resume); none
+    if it is missing."""
     without = 'the model card shows no training curves'
     if not path.exists():
         return []
@@ -140,12 +141,14 @@ def _read_summary(path: Path) -> List[Dict[str, float]]:
         with path.open(newline='') as f:
             reader = csv.DictReader(f)
             for row in reader:
-                rows.append({k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''})
+                if row.get('epoch') != 'epoch':  # a resumed run writes the header again
+                    rows.append({k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''})
     except (OSError, UnicodeDecodeError) as e:
         raise _unusable(path, f'cannot be read ({e})', without) from e
     except (ValueError, TypeError) as e:  # a value that is no number, a row cut short or too long
         raise _unusable(path, f'line {reader.line_num} is not a row of numbers ({e})', without) from e
-    return rows
+    # an epoch trained again after a resume keeps its last row
+    return list({row.get('epoch', i): row for i, row in enumerate(rows)}.values())
 
 
 def _model_kwargs(arch: str, args: Dict[str, Any], state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
