@@ -116,8 +116,8 @@ class DepthAttention(nn.Module):
 
     def weights(self, keys: List[torch.Tensor]) -> torch.Tensor:
         """``w_i`` (Eq. 2), ``(len(keys), B, N, H)``, in float32 or wider."""
-        query = self.query.to(accumulation_dtype(self.query))
-        return torch.stack(_broadcast([depth_logits(query, k, self.gamma()) for k in keys])).softmax(0)
+        query, gamma = self.query.to(accumulation_dtype(self.query)), self.gamma()
+        return torch.stack(_broadcast([depth_logits(query, k, gamma) for k in keys])).softmax(0)
 
     def forward(self, keys: List[torch.Tensor], values: List[torch.Tensor]) -> torch.Tensor:
         """``A = sum_i w_i v_i`` (Eq. 1), ``(B, N, D)`` in the query's dtype, summed entry by entry in float32 or

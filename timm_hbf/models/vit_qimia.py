@@ -288,7 +288,6 @@ class VisionTransformerQimia(nn.Module):
         self.pos_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm and not sublayer_values else nn.Identity()
         self.null_key = nn.Parameter(torch.empty(key_dim, **dd)) if null_entry and learned_keys else None
         self.null_value = nn.Parameter(torch.empty(embed_dim, **dd)) if null_entry else None
-        self.num_stem_entries = (1 if sublayer_values else 2) + int(null_entry)
 
         def block(index: int, body: nn.Module, body_dim: int) -> QimiaBlock:
             """Sublayer ``index`` (2 per layer): its norm, key and value paths around ``body``."""
