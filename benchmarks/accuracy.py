@@ -17,21 +17,22 @@ deviation over seeds, the test accuracy's ratio to the baseline's) and ``accurac
         --models vit_hyperbf_memo143_patch4_32 vit_qimia_base vit_base_patch16_224
     python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --seeds 0 1 2 \\
         -- --device cpu --epochs 3 --model-kwargs img_size=32 patch_size=4 depth=4        # a short race on a CPU
-    python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --seeds 0 1 2 \\
+    python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --seeds 0 1 2 --train-per-class 1000 \\
         --models vit_tiny_patch16_224 vit_qimia_tiny vit_qimia_tiny:keys_from_values=True \\
         vit_qimia_tiny:sublayer_values=True vit_qimia_tiny:depth_num_heads=1 vit_qimia_tiny:memory_block_size=4 \\
-        vit_attnres_tiny vit_attnres_block_tiny -- --epochs 5 --model-kwargs img_size=32 patch_size=4 depth=6
+        vit_attnres_tiny vit_attnres_block_tiny -- --epochs 3 --model-kwargs img_size=32 patch_size=4 depth=6
 
 ``--scripts`` is a checkout of timm's git repository: train.py and validate.py are not installed with timm.
 Arguments after ``--`` go to train.py (``--epochs 10`` overrides the recipe's epochs; ``--device cpu`` without a GPU;
 ``--model-kwargs`` replaces the recipe's). A model ``NAME:KEY=VALUE,...`` is a variant: its arguments go on top of
-every run's (the last command: the ablation of attention over depth, 6 layers of width 192).
+every run's (the last command: the ablation of attention over depth, 6 layers of width 192). Run again, the command
+reads finished runs back and resumes interrupted ones from their ``last.pth.tar``.
 """
 import argparse
-import csv
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,31 +46,38 @@ import torch
 import yaml
 
 import timm_hbf
+from timm_hbf.hub import read_summary
+from timm_hbf.models._builder import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_RECIPE = Path(timm_hbf.__file__).resolve().parent / 'recipes' / 'cifar10' / 'short.yaml'
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
 
 
-def split_data(source: Path, test_split: str, dest: Path, val_per_class: int) -> Path:
+def split_data(source: Path, test_split: str, dest: Path, val_per_class: int,
+               train_per_class: Optional[int] = None) -> Path:
     """``dest/{train,val,test}`` as symbolic links into ``source``: ``val_per_class`` images of every class of
-    ``source/train``, evenly spaced in name order, go to ``val``; ``test`` is ``source/<test_split>`` as it is."""
+    ``source/train``, evenly spaced in name order, go to ``val``, and the rest (or ``train_per_class`` of them, evenly
+    spaced) to ``train``; ``test`` is ``source/<test_split>`` as it is. Made anew on every call, the same for the same
+    arguments."""
     if not (source / 'train').is_dir() or not (source / test_split).is_dir():
         raise SystemExit(f'--data {source}: expected an ImageFolder layout with train/ and {test_split}/ folders '
                          '(give the folder that holds them; --test-split names another one than test/).')
+    if dest.exists():
+        shutil.rmtree(dest)  # links only: a split of other arguments must not linger
     for class_dir in sorted(p for p in (source / 'train').iterdir() if p.is_dir()):
         images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if val_per_class >= len(images):
             raise SystemExit(f'--val-per-class {val_per_class} leaves no training image of class {class_dir.name} '
                              f'({len(images)} images): give fewer.')
-        held_out = {i * len(images) // val_per_class for i in range(val_per_class)}
-        for i, image in enumerate(images):
-            link = dest / ('val' if i in held_out else 'train') / class_dir.name / image.name
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if not link.is_symlink():
-                link.symlink_to(image.resolve())
-    if not (dest / 'test').is_symlink():
-        (dest / 'test').symlink_to((source / test_split).resolve(), target_is_directory=True)
+        held_out = [images[i * len(images) // val_per_class] for i in range(val_per_class)]
+        rest = sorted(set(images) - set(held_out))
+        count = len(rest) if train_per_class is None else min(train_per_class, len(rest))
+        for split, chosen in (('val', held_out), ('train', [rest[i * len(rest) // count] for i in range(count)])):
+            (dest / split / class_dir.name).mkdir(parents=True)
+            for image in chosen:
+                (dest / split / class_dir.name / image.name).symlink_to(image.resolve())
+    (dest / 'test').symlink_to((source / test_split).resolve(), target_is_directory=True)
     return dest
 
 
@@ -123,28 +131,33 @@ def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
 
 
 def run(args, model: str, seed: int, data: Path) -> Dict:
-    """Train one model with one seed, then test its best checkpoint; the commands, every epoch and the accuracies."""
+    """Train one model with one seed, then test its best checkpoint; the commands, every epoch and the accuracies.
+
+    A run that finished before (its folder holds the test result) is read back; one that was cut short resumes from
+    its ``last.pth.tar``, or starts again where it has none."""
     experiment = f"{model.replace(':', '+').replace(',', '+')}-seed{seed}"
     run_dir = Path(args.out) / 'runs' / experiment
-    if run_dir.exists():
-        raise RuntimeError(f'{run_dir} exists (train.py would add to its summary.csv): remove it or choose another '
-                           '--out.')
     log = run_dir.with_suffix('.log')
-    log.parent.mkdir(parents=True, exist_ok=True)
     train = train_command(args, model, seed, data, experiment)
-    print(f'--- {experiment}: {" ".join(train)}  (log: {log})', flush=True)
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
-    with open(log, 'w') as f:
-        if subprocess.run(train, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
-            raise RuntimeError(f'{experiment}: train.py failed, see {log}')
-        test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()))
-        if subprocess.run(test, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
-            raise RuntimeError(f'{experiment}: validate.py failed, see {log}')
-    with open(run_dir / 'summary.csv', newline='') as f:
-        epochs = [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
-    best = max(epochs, key=lambda e: e['eval_top1'])
+    if not (run_dir / 'test.json').is_file():
+        resume = ['--resume', str(run_dir / 'last.pth.tar')] if (run_dir / 'last.pth.tar').is_file() else []
+        if not resume and run_dir.exists():
+            shutil.rmtree(run_dir)  # no checkpoint: nothing to resume from
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f'--- {experiment}: {" ".join(train + resume)}  (log: {log})', flush=True)
+        env = dict(os.environ, PYTHONUNBUFFERED='1')
+        with open(log, 'a' if resume else 'w') as f:
+            if subprocess.run(train + resume, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
+                raise RuntimeError(f'{experiment}: train.py failed, see {log}')
+            test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()))
+            if subprocess.run(test, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
+                raise RuntimeError(f'{experiment}: validate.py failed, see {log}')
+    test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()))
+    epochs = read_summary(run_dir / 'summary.csv')
+    # the tested checkpoint's epoch: after a resume, train.py's model_best is the best epoch since the resume
+    best_epoch = read_checkpoint(run_dir / 'model_best.pth.tar')['epoch']
     result = dict(model=model, seed=seed, train_command=train, test_command=test, epochs=epochs,
-                  val_top1=best['eval_top1'], best_epoch=int(best['epoch']),
+                  val_top1=next(e['eval_top1'] for e in epochs if e['epoch'] == best_epoch), best_epoch=best_epoch,
                   test_top1=float(json.loads((run_dir / 'test.json').read_text())['top1']))
     print(f"--- {experiment}: validation {result['val_top1']:.2f} % (epoch {result['best_epoch']}), "
           f"test {result['test_top1']:.2f} %", flush=True)
@@ -209,6 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--baseline', default='vit_tiny_patch16_224', help='the model the ratios are to')
     parser.add_argument('--seeds', type=int, nargs='+', default=[42])
     parser.add_argument('--val-per-class', type=int, default=500, help='train images of every class held out')
+    parser.add_argument('--train-per-class', type=int, help='train on this many images of every class (default: all)')
     parser.add_argument('--jobs', type=int, default=1, help='runs at a time')
     parser.add_argument('--out', default=str(ROOT / 'benchmarks' / 'results' / 'accuracy'))
     args = parser.parse_args(given[:split])
@@ -222,7 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     for model in args.models:
         model_spec(model)
     out = Path(args.out)
-    data = split_data(Path(args.data), args.test_split, out / 'data', args.val_per_class)
+    data = split_data(Path(args.data), args.test_split, out / 'data', args.val_per_class, args.train_per_class)
     cuda = torch.cuda.is_available() and '--device' not in args.train_args
     record = dict(
         date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
@@ -231,6 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         versions=dict(torch=torch.__version__, cuda=torch.version.cuda, timm=timm.__version__,
                       timm_hbf=timm_hbf.__version__, python=platform.python_version()),
         recipe=yaml.safe_load(Path(args.recipe).read_text()), val_per_class=args.val_per_class,
+        train_per_class=args.train_per_class,
     )
     record['runs'], failed = [], []
     with ThreadPoolExecutor(args.jobs) as pool:  # a failed run is reported at the end; the others go on

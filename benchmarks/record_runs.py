@@ -10,7 +10,6 @@ times its batches, for training and for the test pass. The reported accuracy is 
 chosen on the test split. Writes ``runs.json``, ``runs.md`` (the table) and ``runs.png`` (test top-1 per epoch).
 """
 import argparse
-import csv
 import json
 import platform
 import re
@@ -20,6 +19,8 @@ from typing import Dict, List, Optional, Sequence
 import timm
 import torch
 import yaml
+
+from timm_hbf.hub import read_summary
 
 # train.py's log lines of a training batch (index/batches, mean s per batch) and of a test batch (index/last index)
 TRAIN_LINE = re.compile(r'^Train: (\d+) \[\s*(\d+)/(\d+) .*?Time: [\d.]+s, +[\d.]+/s +\(\s*([\d.]+)s,')
@@ -58,9 +59,7 @@ def record(run_dir: Path) -> Dict:
     args = yaml.safe_load((run_dir / 'args.yaml').read_text())
     log = log_path.read_text()
     seconds = epoch_seconds(log)
-    with (run_dir / 'summary.csv').open() as f:  # a resumed run repeats the header, and the epoch it resumed in
-        rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f) if row['epoch'] != 'epoch']
-    epochs = list({row['epoch']: row for row in rows}.values())
+    epochs = read_summary(run_dir / 'summary.csv')  # one row per epoch, also of a resumed run
     for row in epochs:
         row['seconds'] = seconds.get(int(row['epoch']))
     return dict(

@@ -19,20 +19,20 @@ MODERN = ROOT / 'timm_hbf' / 'recipes' / 'cifar10' / 'modern.yaml'
 FAKE_TRAIN = '''
 import argparse, json, sys
 from pathlib import Path
-import yaml
+import torch, yaml
 parser = argparse.ArgumentParser()
 for flag in ('-c', '--model', '--seed', '--data-dir', '--train-split', '--val-split', '--output', '--experiment',
-             '--device', '--epochs'):
+             '--device', '--epochs', '--resume'):
     parser.add_argument(flag)
 args = parser.parse_args()
 if args.model == 'broken':
     sys.exit('no such model')
 out = Path(args.output) / args.experiment
-out.mkdir(parents=True)
+out.mkdir(parents=True, exist_ok=bool(args.resume))
 (out / 'argv.json').write_text(json.dumps(sys.argv[1:]))
 (out / 'args.yaml').write_text(yaml.safe_dump(dict(yaml.safe_load(Path(args.c).read_text()), model=args.model,
                                                    device=args.device or 'cuda')))
-(out / 'model_best.pth.tar').write_bytes(b'')
+torch.save({'epoch': 1, 'state_dict': {}}, out / 'model_best.pth.tar')  # train.py's checkpoint, the best epoch's
 best = {'vit_hyperbf_tiny': 36, 'vit_tiny_patch16_224': 40}[args.model] + int(args.seed)
 (out / 'summary.csv').write_text(f'epoch,eval_top1\\n0,20\\n1,{best}\\n2,30\\n')
 '''
@@ -60,13 +60,17 @@ def accuracy(*argv: str):
     return load_module(ROOT / 'benchmarks' / 'accuracy.py').main(list(argv))
 
 
-def test_validation_images_are_held_out_per_class_and_the_test_split_is_untouched(cifar10_sample, tmp_path):
-    split = load_module(ROOT / 'benchmarks' / 'accuracy.py').split_data(cifar10_sample, 'test', tmp_path, 10)
+@pytest.mark.parametrize('train_per_class', [None, 30])
+def test_validation_images_are_held_out_per_class_and_the_test_split_is_untouched(train_per_class, cifar10_sample,
+                                                                                  tmp_path):
+    split_data = load_module(ROOT / 'benchmarks' / 'accuracy.py').split_data
+    split_data(cifar10_sample, 'test', tmp_path / 'split', 20)  # a split of other arguments leaves nothing behind
+    split = split_data(cifar10_sample, 'test', tmp_path / 'split', 10, train_per_class)
     for class_dir in (cifar10_sample / 'train').iterdir():
         train = {p.name for p in (split / 'train' / class_dir.name).iterdir()}
         val = {p.name for p in (split / 'val' / class_dir.name).iterdir()}
-        assert len(val) == 10 and len(train) == 90 and not train & val
-        assert train | val == {p.name for p in class_dir.iterdir()}
+        assert len(val) == 10 and len(train) == (train_per_class or 90) and not train & val
+        assert train | val <= {p.name for p in class_dir.iterdir()}
     assert (split / 'test').resolve() == (cifar10_sample / 'test').resolve()
 
 
@@ -112,6 +116,21 @@ def test_a_variant_trains_its_model_with_its_own_arguments_on_top_of_every_runs(
     assert variant[variant.index('--model') + 1] == 'vit_qimia_tiny'
     every_runs = ['img_size=32', 'depth=6'] if given else ['img_size=32', 'patch_size=4']  # given, else the recipe's
     assert variant[len(plain):] == ['--model-kwargs', *every_runs, 'keys_from_values=True', 'depth_num_heads=1']
+
+
+def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_checkpoint(cifar10_sample, scripts,
+                                                                                      tmp_path):
+    out = tmp_path / 'out'
+    argv = ('--scripts', str(scripts), '--data', str(cifar10_sample), '--models', 'vit_hyperbf_tiny',
+            'vit_tiny_patch16_224', '--val-per-class', '10', '--out', str(out))
+    first = accuracy(*argv)
+    finished, cut_short = out / 'runs' / 'vit_hyperbf_tiny-seed42', out / 'runs' / 'vit_tiny_patch16_224-seed42'
+    (finished / 'argv.json').unlink()  # written by train.py: it must not run again
+    (cut_short / 'test.json').unlink()
+    (cut_short / 'last.pth.tar').write_bytes(b'checkpoint')
+    assert accuracy(*argv)['runs'] == first['runs']
+    assert not (finished / 'argv.json').exists()
+    assert json.loads((cut_short / 'argv.json').read_text())[-2:] == ['--resume', str(cut_short / 'last.pth.tar')]
 
 
 def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, tmp_path):

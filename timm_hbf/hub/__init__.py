@@ -2,6 +2,7 @@
 from .errors import HubError
 from .pull import create_model_from_hub
 from .push import push_to_hub, write_repo_folder
-from .train_output import TrainOutput, read_train_output
+from .train_output import TrainOutput, read_summary, read_train_output
 
-__all__ = ['HubError', 'TrainOutput', 'create_model_from_hub', 'push_to_hub', 'read_train_output', 'write_repo_folder']
+__all__ = ['HubError', 'TrainOutput', 'create_model_from_hub', 'push_to_hub', 'read_summary', 'read_train_output',
+           'write_repo_folder']

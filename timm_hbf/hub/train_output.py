@@ -14,7 +14,7 @@ from timm.models import get_pretrained_cfg
 from ..models._builder import WeightsFileError, read_checkpoint, state_dict_mismatch, weights_of
 from .errors import HubError
 
-__all__ = ['TrainOutput', 'read_train_output']
+__all__ = ['TrainOutput', 'read_summary', 'read_train_output']
 
 CHECKPOINT_NAMES = ('model_best.pth.tar', 'last.pth.tar')  # what a folder stands for, in order of preference
 
@@ -96,7 +96,7 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
         ema=ema,
         epoch=content.get('epoch') if is_train_checkpoint else None,
         args=args,
-        summary=_read_summary(checkpoint.parent / 'summary.csv'),
+        summary=_read_run_summary(checkpoint.parent / 'summary.csv'),
     )
 
 
@@ -130,25 +130,33 @@ def _read_args(path: Path, stored: Optional[argparse.Namespace]) -> Dict[str, An
     return args
 
 
-def _read_summary(path: Path) -> List[Dict[str, float]]:
-    """``summary.csv``: one dict of numbers per epoch (the last row of an epoch trained again after a resume); none
-    if it is missing."""
+def read_summary(path: Union[str, Path]) -> List[Dict[str, float]]:
+    """train.py's ``summary.csv``: one dict of numbers per epoch (``epoch`` an int). A resumed run writes the header
+    again and may train an epoch again: the header is skipped and an epoch keeps its last row. Raises ``ValueError``
+    naming the line where a row is not numbers (and ``OSError`` where the file cannot be read)."""
+    rows = []
+    with Path(path).open(newline='') as f:
+        reader = csv.DictReader(f)
+        try:
+            for row in reader:
+                if row.get('epoch') != 'epoch':
+                    rows.append({k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''})
+        except (ValueError, TypeError) as e:  # a value that is no number, a row cut short or too long
+            raise ValueError(f'line {reader.line_num} is not a row of numbers ({e})') from e
+    return list({row.get('epoch', i): row for i, row in enumerate(rows)}.values())
+
+
+def _read_run_summary(path: Path) -> List[Dict[str, float]]:
+    """:func:`read_summary`, none if the file is missing, and its faults as :class:`HubError`."""
     without = 'the model card shows no training curves'
     if not path.exists():
         return []
-    rows = []
     try:
-        with path.open(newline='') as f:
-            reader = csv.DictReader(f)
-            for row in reader:
-                if row.get('epoch') != 'epoch':  # a resumed run writes the header again
-                    rows.append({k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''})
+        return read_summary(path)
     except (OSError, UnicodeDecodeError) as e:
         raise _unusable(path, f'cannot be read ({e})', without) from e
-    except (ValueError, TypeError) as e:  # a value that is no number, a row cut short or too long
-        raise _unusable(path, f'line {reader.line_num} is not a row of numbers ({e})', without) from e
-    # an epoch trained again after a resume keeps its last row
-    return list({row.get('epoch', i): row for i, row in enumerate(rows)}.values())
+    except ValueError as e:
+        raise _unusable(path, str(e), without) from e
 
 
 def _model_kwargs(arch: str, args: Dict[str, Any], state_dict: Dict[str, torch.Tensor]) -> Dict[str, Any]:
