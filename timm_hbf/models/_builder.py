@@ -1,4 +1,5 @@
-"""Build models with timm's ``build_model_with_cfg``, their pretrained weights checked before they load.
+"""Build models with timm's ``build_model_with_cfg``, their pretrained weights checked before they load, and the
+pretrained cfgs both families share.
 
 timm takes a weights file as its name says and passes every failure on as it comes: a tag without weights, a missing,
 empty, truncated or mislabelled file, or the checkpoint of another model each end in an error of the reader or of
@@ -16,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Type, Typ
 import safetensors
 import safetensors.torch
 import torch
+from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import (
     PretrainedCfg,
     build_model_with_cfg,
@@ -26,7 +28,8 @@ from timm.models import (
 from torch import nn
 
 __all__ = [
-    'PretrainedWeightsError', 'WeightsFileError', 'build_model', 'read_checkpoint', 'state_dict_mismatch', 'weights_of',
+    'CIFAR10_MEAN', 'CIFAR10_STD', 'PretrainedWeightsError', 'WeightsFileError', 'build_model', 'build_vit',
+    'read_checkpoint', 'state_dict_mismatch', 'vit_cfg', 'weights_of',
 ]
 
 ModelT = TypeVar('ModelT', bound=nn.Module)
@@ -36,6 +39,9 @@ OWN_WEIGHTS = ("pretrained_cfg_overlay=dict(file=PATH) loads your own (a checkpo
                "a .pth or .safetensors file); 'hf-hub:ORG/NAME' as the model name loads a Hugging Face Hub repo.")
 AGAIN = 'Save or copy the weights again.'
 CUT_SHORT = f'It was cut short while being written or copied. {AGAIN}'
+# CIFAR-10 training-set channel statistics: the normalisation in the pretrained_cfg of every 32 x 32 model
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
 class PretrainedWeightsError(RuntimeError):
@@ -118,6 +124,23 @@ def build_model(
         if isinstance(getattr(module, 'pretrained_cfg', None), dict):
             module.pretrained_cfg.pop('state_dict', None)
     return model
+
+
+def build_vit(model_cls: Type[ModelT], variant: str, pretrained: bool, filter_fn: Callable, **kwargs) -> ModelT:
+    """:func:`build_model` for a ViT-shaped family: ``features_only`` takes every block's output (getter features,
+    ``out_indices`` the last 3 by default), as for timm's ViT."""
+    feature_cfg = dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter')
+    return build_model(model_cls, variant, pretrained, pretrained_filter_fn=filter_fn, feature_cfg=feature_cfg,
+                       **kwargs)
+
+
+def vit_cfg(cifar10: bool = False, **kwargs) -> Dict[str, Any]:
+    """A pretrained cfg as timm's ViTs have it (ImageNet at 224 x 224), or at CIFAR-10's 32 x 32 and statistics."""
+    data = dict(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR10_MEAN, std=CIFAR10_STD) if cifar10 \
+        else dict(num_classes=1000, input_size=(3, 224, 224), crop_pct=0.9, mean=IMAGENET_INCEPTION_MEAN,
+                  std=IMAGENET_INCEPTION_STD)
+    return dict(url='', pool_size=None, interpolation='bicubic', fixed_input_size=True, first_conv='patch_embed.proj',
+                classifier='head', license='apache-2.0', **data, **kwargs)
 
 
 def _check_tag(variant: str, tag: str) -> None:

@@ -20,14 +20,12 @@ from functools import partial
 from typing import Any, Dict, Optional, Set
 
 import torch
-from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from ..data import CIFAR10_MEAN, CIFAR10_STD
 from ..layers import HyperBFAttention, HyperBFMlp
 from ..layers.hyperbf_kernel import check_flag, check_kernel, check_positive
-from ._builder import build_model
+from ._builder import build_vit, vit_cfg
 
 __all__ = ['VisionTransformerHyperBF']
 
@@ -89,46 +87,18 @@ class VisionTransformerHyperBF(VisionTransformer):
 
 
 def _create_vit_hyperbf(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerHyperBF:
-    out_indices = kwargs.pop('out_indices', 3)
-    return build_model(
-        VisionTransformerHyperBF,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-        **kwargs,
-    )
+    return build_vit(VisionTransformerHyperBF, variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:
-    return {
-        'url': '',
-        'num_classes': 1000,
-        'input_size': (3, 224, 224),
-        'pool_size': None,
-        'crop_pct': 0.9,
-        'interpolation': 'bicubic',
-        'fixed_input_size': True,
-        'mean': IMAGENET_INCEPTION_MEAN,
-        'std': IMAGENET_INCEPTION_STD,
-        'first_conv': 'patch_embed.proj',
-        'classifier': 'head',
-        'license': 'apache-2.0',
-        'paper_name': 'A Homogeneous Transformer Architecture',
-        **kwargs,
-    }
+    return vit_cfg(**{'paper_name': 'A Homogeneous Transformer Architecture', **kwargs})
 
 
-def _cifar_cfg(**kwargs) -> Dict[str, Any]:
-    return _cfg(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR10_MEAN, std=CIFAR10_STD, **kwargs)
-
-
-# Only architectures for now: no tag points at weights until weights are published.
 default_cfgs = generate_default_cfgs({
-    'vit_hyperbf_tiny.untrained': _cifar_cfg(),
-    'vit_hyperbf_small.untrained': _cifar_cfg(),
-    'vit_hyperbf_base.untrained': _cifar_cfg(),
-    'vit_hyperbf_memo143_patch4_32.untrained': _cifar_cfg(),
+    'vit_hyperbf_tiny.untrained': _cfg(cifar10=True),
+    'vit_hyperbf_small.untrained': _cfg(cifar10=True),
+    'vit_hyperbf_base.untrained': _cfg(cifar10=True),
+    'vit_hyperbf_memo143_patch4_32.untrained': _cfg(cifar10=True),
     'vit_hyperbf_tiny_patch16_224.untrained': _cfg(),
     'vit_hyperbf_small_patch16_224.untrained': _cfg(),
     'vit_hyperbf_base_patch16_224.untrained': _cfg(),

@@ -28,7 +28,6 @@ from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
-from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.layers import (
     Attention,
     AttentionPoolLatent,
@@ -44,9 +43,8 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
 
-from ..data import CIFAR10_MEAN, CIFAR10_STD
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
-from ._builder import build_model
+from ._builder import build_vit, vit_cfg
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn', 'depth_attention_stats']
 
@@ -585,53 +583,27 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
 
 
 def _create_vit_qimia(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
-    out_indices = kwargs.pop('out_indices', 3)
-    return build_model(
-        VisionTransformerQimia,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-        **kwargs,
-    )
+    return build_vit(VisionTransformerQimia, variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:
-    return {
-        'url': '',
-        'num_classes': 1000,
-        'input_size': (3, 224, 224),
-        'pool_size': None,
-        'crop_pct': 0.9,
-        'interpolation': 'bicubic',
-        'fixed_input_size': True,
-        'mean': IMAGENET_INCEPTION_MEAN,
-        'std': IMAGENET_INCEPTION_STD,
-        'first_conv': 'patch_embed.proj',
-        'classifier': 'head',
-        'license': 'apache-2.0',
-        'paper_name': 'Query Integrated Memory Interfacing Attention (SURF Final Report, 2023)',
-        **kwargs,
-    }
-
-
-def _cifar_cfg(**kwargs) -> Dict[str, Any]:
-    return _cfg(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR10_MEAN, std=CIFAR10_STD, **kwargs)
+    return vit_cfg(**{'paper_name': 'Query Integrated Memory Interfacing Attention (SURF Final Report, 2023)',
+                      **kwargs})
 
 
 ATTNRES = dict(paper_name='Attention Residuals (Kimi Team, 2026)', paper_ids='arXiv:2603.15031')
 
 # Only architectures for now: no tag points at weights until weights are published.
 default_cfgs = generate_default_cfgs({
-    'vit_qimia_tiny.untrained': _cifar_cfg(),
-    'vit_qimia_small.untrained': _cifar_cfg(),
-    'vit_qimia_base.untrained': _cifar_cfg(),
-    'vit_qimia_surf23_patch8_32.untrained': _cifar_cfg(),
+    'vit_qimia_tiny.untrained': _cfg(cifar10=True),
+    'vit_qimia_small.untrained': _cfg(cifar10=True),
+    'vit_qimia_base.untrained': _cfg(cifar10=True),
+    'vit_qimia_surf23_patch8_32.untrained': _cfg(cifar10=True),
     'vit_qimia_tiny_patch16_224.untrained': _cfg(),
     'vit_qimia_small_patch16_224.untrained': _cfg(),
     'vit_qimia_base_patch16_224.untrained': _cfg(),
-    'vit_attnres_tiny.untrained': _cifar_cfg(**ATTNRES),
-    'vit_attnres_block_tiny.untrained': _cifar_cfg(**ATTNRES),
+    'vit_attnres_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
+    'vit_attnres_block_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
     'vit_attnres_tiny_patch16_224.untrained': _cfg(**ATTNRES),
     'vit_attnres_block_tiny_patch16_224.untrained': _cfg(**ATTNRES),
 })
