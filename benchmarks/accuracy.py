@@ -26,7 +26,8 @@ deviation over seeds, the test accuracy's ratio to the baseline's) and ``accurac
 Arguments after ``--`` go to train.py (``--epochs 10`` overrides the recipe's epochs; ``--device cpu`` without a GPU;
 ``--model-kwargs`` replaces the recipe's). A model ``NAME:KEY=VALUE,...`` is a variant: its arguments go on top of
 every run's (the last command: the ablation of attention over depth, 6 layers of width 192). Run again, the command
-reads finished runs back and resumes interrupted ones from their ``last.pth.tar``.
+reads finished runs back and resumes interrupted ones from their ``last.pth.tar``; a run folder made by another
+command or data split (its ``run.json``) stops it.
 """
 import argparse
 import json
@@ -130,20 +131,41 @@ def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
             '--results-file', str(run_dir / 'test.json'), '--results-format', 'json']
 
 
+def run_folder(args, model: str, seed: int) -> Tuple[str, Path]:
+    """The experiment name of a run and its train.py output folder."""
+    experiment = f"{model.replace(':', '+').replace(',', '+')}-seed{seed}"
+    return experiment, Path(args.out) / 'runs' / experiment
+
+
+def recorded_as(args, model: str, seed: int, data: Path) -> Dict:
+    """What a run's folder records of how it was made (``run.json``): its train.py command and the data split."""
+    return dict(train_command=train_command(args, model, seed, data, run_folder(args, model, seed)[0]),
+                data=str(Path(args.data).resolve()), val_per_class=args.val_per_class,
+                train_per_class=args.train_per_class)
+
+
+def check_earlier_run(args, model: str, seed: int, data: Path) -> None:
+    """Stop, before anything runs or is written, where the run's folder holds a run made otherwise."""
+    recorded = run_folder(args, model, seed)[1] / 'run.json'
+    if recorded.is_file() and json.loads(recorded.read_text()) != recorded_as(args, model, seed, data):
+        raise SystemExit(f'{recorded.parent} holds a run of another command or data split (see its run.json): remove '
+                         'it or choose another --out.')
+
+
 def run(args, model: str, seed: int, data: Path) -> Dict:
     """Train one model with one seed, then test its best checkpoint; the commands, every epoch and the accuracies.
 
-    A run that finished before (its folder holds the test result) is read back; one that was cut short resumes from
-    its ``last.pth.tar``, or starts again where it has none."""
-    experiment = f"{model.replace(':', '+').replace(',', '+')}-seed{seed}"
-    run_dir = Path(args.out) / 'runs' / experiment
+    A run of the same command that finished before (its folder holds the test result) is read back; one that was cut
+    short resumes from its ``last.pth.tar``, or starts again where it has none (:func:`check_earlier_run` first)."""
+    experiment, run_dir = run_folder(args, model, seed)
     log = run_dir.with_suffix('.log')
     train = train_command(args, model, seed, data, experiment)
     if not (run_dir / 'test.json').is_file():
         resume = ['--resume', str(run_dir / 'last.pth.tar')] if (run_dir / 'last.pth.tar').is_file() else []
         if not resume and run_dir.exists():
             shutil.rmtree(run_dir)  # no checkpoint: nothing to resume from
-        log.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / 'run.json').write_text(json.dumps(recorded_as(args, model, seed, data)))
         print(f'--- {experiment}: {" ".join(train + resume)}  (log: {log})', flush=True)
         env = dict(os.environ, PYTHONUNBUFFERED='1')
         with open(log, 'a' if resume else 'w') as f:
@@ -236,6 +258,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     for model in args.models:
         model_spec(model)
     out = Path(args.out)
+    for seed in args.seeds:
+        for model in args.models:
+            check_earlier_run(args, model, seed, out / 'data')
     data = split_data(Path(args.data), args.test_split, out / 'data', args.val_per_class, args.train_per_class)
     cuda = torch.cuda.is_available() and '--device' not in args.train_args
     record = dict(

@@ -28,7 +28,7 @@ args = parser.parse_args()
 if args.model == 'broken':
     sys.exit('no such model')
 out = Path(args.output) / args.experiment
-out.mkdir(parents=True, exist_ok=bool(args.resume))
+out.mkdir(parents=True, exist_ok=True)
 (out / 'argv.json').write_text(json.dumps(sys.argv[1:]))
 (out / 'args.yaml').write_text(yaml.safe_dump(dict(yaml.safe_load(Path(args.c).read_text()), model=args.model,
                                                    device=args.device or 'cuda')))
@@ -131,6 +131,11 @@ def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_che
     assert accuracy(*argv)['runs'] == first['runs']
     assert not (finished / 'argv.json').exists()
     assert json.loads((cut_short / 'argv.json').read_text())[-2:] == ['--resume', str(cut_short / 'last.pth.tar')]
+    for other in (('--train-per-class', '50'), ('--', '--epochs', '5')):  # not read back as if made so
+        with pytest.raises(SystemExit, match=r'vit_hyperbf_tiny-seed42 holds a run of another command or data split '
+                                             r'.* remove it or choose another --out'):
+            accuracy(*argv, *other)
+    assert json.loads((out / 'accuracy.json').read_text())['runs'] == first['runs']  # the record stays
 
 
 def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, tmp_path):
