@@ -53,6 +53,7 @@ from timm_hbf.models._builder import read_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_RECIPE = Path(timm_hbf.__file__).resolve().parent / 'recipes' / 'cifar10' / 'short.yaml'
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
+SCRIPT_ENV = dict(os.environ, PYTHONUNBUFFERED='1')  # the scripts' logs as they go
 
 
 def split_data(source: Path, test_split: str, dest: Path, val_per_class: int,
@@ -160,21 +161,22 @@ def run(args, model: str, seed: int, data: Path) -> Dict:
     experiment, run_dir = run_folder(args, model, seed)
     log = run_dir.with_suffix('.log')
     train = train_command(args, model, seed, data, experiment)
-    if not (run_dir / 'test.json').is_file():
+    finished = (run_dir / 'test.json').is_file()
+    if not finished:
         resume = ['--resume', str(run_dir / 'last.pth.tar')] if (run_dir / 'last.pth.tar').is_file() else []
         if not resume and run_dir.exists():
             shutil.rmtree(run_dir)  # no checkpoint: nothing to resume from
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / 'run.json').write_text(json.dumps(recorded_as(args, model, seed, data)))
         print(f'--- {experiment}: {" ".join(train + resume)}  (log: {log})', flush=True)
-        env = dict(os.environ, PYTHONUNBUFFERED='1')
         with open(log, 'a' if resume else 'w') as f:
-            if subprocess.run(train + resume, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
+            if subprocess.run(train + resume, stdout=f, stderr=subprocess.STDOUT, env=SCRIPT_ENV).returncode:
                 raise RuntimeError(f'{experiment}: train.py failed, see {log}')
-            test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()))
-            if subprocess.run(test, stdout=f, stderr=subprocess.STDOUT, env=env).returncode:
-                raise RuntimeError(f'{experiment}: validate.py failed, see {log}')
     test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()))
+    if not finished:
+        with open(log, 'a') as f:
+            if subprocess.run(test, stdout=f, stderr=subprocess.STDOUT, env=SCRIPT_ENV).returncode:
+                raise RuntimeError(f'{experiment}: validate.py failed, see {log}')
     epochs = read_summary(run_dir / 'summary.csv')
     # the tested checkpoint's epoch: after a resume, train.py's model_best is the best epoch since the resume
     best_epoch = read_checkpoint(run_dir / 'model_best.pth.tar')['epoch']

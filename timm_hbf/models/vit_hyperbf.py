@@ -94,6 +94,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     return vit_cfg(**{'paper_name': 'A Homogeneous Transformer Architecture', **kwargs})
 
 
+# Only architectures for now: no tag points at weights until weights are published.
 default_cfgs = generate_default_cfgs({
     'vit_hyperbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_small.untrained': _cfg(cifar10=True),
