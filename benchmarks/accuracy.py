@@ -11,7 +11,7 @@ versions, command, date, every epoch of every run, the summary), ``accuracy.md``
 deviation over seeds, the test accuracy's ratio to the baseline's) and ``accuracy.png`` (validation top-1 per epoch).
 
     python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 --jobs 3 \\
-        --models vit_hyperbf_tiny vit_qimia_tiny vit_tiny_patch16_224 -- --epochs 100 --amp --amp-dtype bfloat16
+        --models vit_hyperbf_tiny vit_qimia_tiny vit_tiny_patch16_224 -- --epochs 100
     python benchmarks/accuracy.py --scripts pytorch-image-models --data cifar10 \\
         --recipe timm_hbf/recipes/cifar10/memo143.yaml --baseline vit_base_patch16_224 \\
         --models vit_hyperbf_memo143_patch4_32 vit_qimia_base vit_base_patch16_224
