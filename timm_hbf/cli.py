@@ -50,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument('--pytorch-bin', action='store_true',
                       help='also push pytorch_model.bin (pickled) for tools that cannot read safetensors')
     push.add_argument('--dtype', choices=sorted(DTYPES),
-                      help='write the weights in this dtype (default: as in the checkpoint; bfloat16 halves the files, '
-                           'and timm loads them into float32 models)')
+                      help='write the weights in this dtype, kernel widths (log_gamma) kept float32 (default: as in '
+                           'the checkpoint; bfloat16 halves the files, and timm loads them into float32 models)')
     push.add_argument('--dry-run', metavar='FOLDER',
                       help='write the files that would be pushed into the new folder FOLDER and push nothing')
     push.set_defaults(run=_push)

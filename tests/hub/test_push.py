@@ -141,12 +141,14 @@ def test_label_names_from_a_file(train_run, tmp_path):
     assert json.loads((folder / 'config.json').read_text())['label_names'] == CIFAR10_LABELS
 
 
-def test_dry_run_in_bfloat16_halves_the_weights_and_timm_loads_them_into_float32(train_run, cifar10_sample, tmp_path):
+def test_dry_run_in_bfloat16_halves_the_weights_but_the_kernel_widths_and_timm_loads_them_into_float32(
+        train_run, cifar10_sample, tmp_path):
     full, half = tmp_path / 'float32', tmp_path / 'bfloat16'
     assert main(['push', str(train_run), '--repo-id', 'push/bf16', '--dry-run', str(full)]) == 0
     assert main(['push', str(train_run), '--repo-id', 'push/bf16', '--dtype', 'bfloat16', '--dry-run', str(half)]) == 0
     weights = load_file(half / 'model.safetensors')
-    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    float32 = {name for name, t in weights.items() if t.dtype != torch.bfloat16}
+    assert float32 and all(name.endswith('.log_gamma') and weights[name].dtype == torch.float32 for name in float32)
     assert (half / 'model.safetensors').stat().st_size < 0.51 * (full / 'model.safetensors').stat().st_size
 
     model = timm.create_model(f'local-dir:{half}', pretrained=True).eval()
