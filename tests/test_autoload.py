@@ -102,3 +102,13 @@ def test_a_failure_in_the_hook_only_warns(wheel, tmp_path):
 def test_importing_timm_hbf_first_works(wheel):
     proc = python(wheel, "import timm_hbf, timm; print(timm.is_model('vit_hyperbf_tiny'))")  # timm_hbf imports timm
     assert (proc.returncode, proc.stdout.strip()) == (0, 'True'), proc.stderr
+
+
+def test_the_wheel_carries_the_shipped_weights(wheel):
+    code = """import json, timm
+names = timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True)
+print(json.dumps({name: timm.create_model(name, pretrained=True).pretrained_cfg['file'] for name in names}))"""
+    proc = python(wheel, code, HF_HUB_OFFLINE='1')
+    assert proc.returncode == 0, proc.stderr
+    files = json.loads(proc.stdout)
+    assert files and all(Path(file).is_relative_to(wheel) and Path(file).is_file() for file in files.values())

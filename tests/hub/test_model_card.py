@@ -141,4 +141,5 @@ def test_config_holds_what_rebuilds_the_model(repo_folder):
     # transformers passes the top-level number of classes to timm beside model_args: a second one there is an error
     assert 'num_classes' not in config['model_args'] and config['model_args']['in_chans'] == 3
     assert config['pretrained_cfg']['mean'] == [0.4914, 0.4822, 0.4465]
-    assert 'tag' not in config['pretrained_cfg']  # the registry's 'untrained' tag does not describe these weights
+    # the registry's tag (and the file of its shipped weights) does not describe these weights
+    assert 'tag' not in config['pretrained_cfg'] and 'file' not in config['pretrained_cfg']

@@ -64,13 +64,6 @@ def test_names_are_new_to_timm():
     assert out.strip() == '[]'
 
 
-def test_no_tag_points_at_missing_weights():
-    assert timm.list_pretrained('vit_hyperbf*') == []
-    for name in NAMES:
-        cfg = timm.models.get_pretrained_cfg(name)
-        assert not (cfg.url or cfg.file or cfg.hf_hub_id or cfg.state_dict)
-
-
 @pytest.mark.parametrize('name, size, patch, width, depth, heads, classes', [
     ('vit_hyperbf_tiny', 32, 4, 192, 12, 3, 10),
     ('vit_hyperbf_small', 32, 4, 384, 12, 6, 10),

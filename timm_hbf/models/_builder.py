@@ -29,7 +29,7 @@ from torch import nn
 
 __all__ = [
     'CIFAR10_MEAN', 'CIFAR10_STD', 'PretrainedWeightsError', 'WeightsFileError', 'build_model', 'build_vit',
-    'read_checkpoint', 'state_dict_mismatch', 'vit_cfg', 'weights_of',
+    'read_checkpoint', 'shipped_weights', 'state_dict_mismatch', 'vit_cfg', 'weights_of',
 ]
 
 ModelT = TypeVar('ModelT', bound=nn.Module)
@@ -141,6 +141,11 @@ def vit_cfg(cifar10: bool = False, **kwargs) -> Dict[str, Any]:
                   std=IMAGENET_INCEPTION_STD)
     return dict(url='', pool_size=None, interpolation='bicubic', fixed_input_size=True, first_conv='patch_embed.proj',
                 classifier='head', license='apache-2.0', **data, **kwargs)
+
+
+def shipped_weights(name: str) -> str:
+    """The file of the weights ``MODEL.TAG`` that ship in the wheel, in bf16 (timm loads them into float32 models)."""
+    return str(Path(__file__).resolve().parents[1] / 'weights' / f'{name}.safetensors')
 
 
 def _check_tag(variant: str, tag: str) -> None:

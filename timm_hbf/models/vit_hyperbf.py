@@ -25,7 +25,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from ..layers import HyperBFAttention, HyperBFMlp
 from ..layers.hyperbf_kernel import check_flag, check_kernel, check_positive
-from ._builder import build_vit, vit_cfg
+from ._builder import build_vit, shipped_weights, vit_cfg
 
 __all__ = ['VisionTransformerHyperBF']
 
@@ -94,8 +94,9 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     return vit_cfg(**{'paper_name': 'A Homogeneous Transformer Architecture', **kwargs})
 
 
-# Only architectures for now: no tag points at weights until weights are published.
+# The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
+    'vit_hyperbf_tiny.cifar10_short': _cfg(cifar10=True, file=shipped_weights('vit_hyperbf_tiny.cifar10_short')),
     'vit_hyperbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_small.untrained': _cfg(cifar10=True),
     'vit_hyperbf_base.untrained': _cfg(cifar10=True),

@@ -1,0 +1,60 @@
+"""The weights that ship in the wheel (``timm_hbf/weights/MODEL.TAG.safetensors``): each is its model's default tag,
+bf16 and small, loads offline with ``pretrained=True`` like timm's own weights, and classifies the CIFAR-10 sample
+that comes with the repository exactly as it did when the weights were made."""
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+from timm.data import ImageDataset, create_transform, resolve_data_config
+
+import timm_hbf
+
+WEIGHTS = Path(timm_hbf.__file__).parent / 'weights'
+# MODEL.TAG: how many of the sample's 200 test images the weights classify correctly (counted when they were made,
+# with examples/classify_cifar10.py; float32 model, timm's eval transform)
+SHIPPED = {
+    'vit_hyperbf_tiny.cifar10_short': 116,
+}
+
+
+def test_the_weights_with_a_tag_are_the_files_that_ship():
+    assert timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True) == sorted(SHIPPED)
+    assert sorted(path.name for path in WEIGHTS.iterdir()) == sorted(f'{name}.safetensors' for name in SHIPPED)
+    for name in SHIPPED:
+        assert timm.models.get_pretrained_cfg(name).file == str(WEIGHTS / f'{name}.safetensors')
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_each_is_the_default_tag_in_bf16_but_its_kernel_widths_under_16_mb(name):
+    arch, tag = name.split('.')
+    assert timm.create_model(arch).pretrained_cfg['tag'] == tag
+    path = WEIGHTS / f'{name}.safetensors'
+    assert path.stat().st_size < 16e6
+    dtypes = {name: tensor.dtype for name, tensor in load_file(path).items()}
+    assert {dtype for name, dtype in dtypes.items() if not name.endswith('.log_gamma')} == {torch.bfloat16}
+    assert {dtype for name, dtype in dtypes.items() if name.endswith('.log_gamma')} <= {torch.float32}  # the widths
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_each_loads_offline_and_classifies_the_sample_as_when_made(name, cifar10_sample, monkeypatch):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    model = timm.create_model(name.split('.')[0], pretrained=True).eval()
+    shipped = load_file(WEIGHTS / f'{name}.safetensors')
+    assert model.state_dict().keys() == shipped.keys()
+    assert all(torch.equal(value, shipped[key].float()) for key, value in model.state_dict().items())
+    test = ImageDataset(str(cifar10_sample / 'test'), transform=create_transform(**resolve_data_config(model=model)))
+    images, labels = map(torch.stack, zip(*((image, torch.tensor(label)) for image, label in test)))
+    with torch.no_grad():
+        correct = (model(images).argmax(-1) == labels).sum().item()
+    assert correct == SHIPPED[name]
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_a_new_number_of_classes_resets_the_head_only(name):
+    arch = name.split('.')[0]
+    model = timm.create_model(arch, pretrained=True)
+    five = timm.create_model(arch, pretrained=True, num_classes=5).state_dict()
+    assert five['head.weight'].shape == (5, model.get_classifier().in_features)
+    assert all(torch.equal(value, five[key]) for key, value in model.state_dict().items() if not key.startswith('head'))
