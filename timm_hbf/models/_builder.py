@@ -144,7 +144,8 @@ def vit_cfg(cifar10: bool = False, **kwargs) -> Dict[str, Any]:
 
 
 def shipped_weights(name: str) -> str:
-    """The file of the weights ``MODEL.TAG`` that ship in the wheel, in bf16 (timm loads them into float32 models)."""
+    """The file of the weights ``MODEL.TAG`` that ship in the wheel: bf16 but for the kernel widths, as
+    ``timm-hbf push --dtype bfloat16`` writes them (timm loads them into float32 models)."""
     return str(Path(__file__).resolve().parents[1] / 'weights' / f'{name}.safetensors')
 
 
