@@ -6,6 +6,7 @@ safetensors file as the shipped weights will."""
 import argparse
 import pickle
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict
 
@@ -17,7 +18,7 @@ from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import checkpoint_filter_fn
 
 from timm_hbf.models import VisionTransformerHyperBF, VisionTransformerQimia
-from timm_hbf.models._builder import PretrainedWeightsError, build_model
+from timm_hbf.models._builder import PretrainedWeightsError, build_model, read_checkpoint
 
 HYPERBF, QIMIA, UNTRAINED = 'buildertest_hyperbf', 'buildertest_qimia', 'buildertest_untrained'
 ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
@@ -291,3 +292,13 @@ def test_weights_of_another_size_name_the_entries_that_differ(shipped, tmp_path)
     assert ' of another shape (cls_token (1, 1, 48) for (1, 1, 32), pos_embed (1, 17, 48) for (1, 17, 32), ' in message
     assert message.endswith('. Create the model the weights were trained as, with the same model arguments (those of '
                             'train.py --model and --model-kwargs).')
+
+
+def test_threads_reading_checkpoints_of_train_py_at_once_all_read_them(tmp_path):
+    """The allowlist of ``argparse.Namespace`` is global to the process: one thread leaving it must not refuse the
+    checkpoint another thread is reading (``benchmarks/accuracy.py`` reads its runs from a thread pool)."""
+    path = tmp_path / 'model_best.pth.tar'
+    torch.save({'epoch': 2, 'args': argparse.Namespace(model=HYPERBF), 'state_dict': {'w': torch.zeros(4096)}}, path)
+    with ThreadPoolExecutor(8) as pool:
+        epochs = list(pool.map(lambda _: read_checkpoint(path)['epoch'], range(400)))
+    assert epochs == [2] * 400

@@ -9,6 +9,7 @@ only, and raises :class:`PretrainedWeightsError` naming the tag or file, what is
 import argparse
 import json
 import pickle
+import threading
 import zipfile
 from contextlib import nullcontext
 from pathlib import Path
@@ -284,12 +285,17 @@ def _read_safetensors(path: Path, head: bytes, size: int) -> Dict[str, torch.Ten
         raise _damaged(path, 'safetensors', e) from e
 
 
+_SAFE_GLOBALS_LOCK = threading.Lock()
+
+
 def _read_torch(path: Path, head: bytes) -> Any:
     if head.startswith(b'PK') and not zipfile.is_zipfile(path):  # the archive's directory, at its end, is gone
         raise _truncated(path, 'its zip archive has no end')
-    # train.py stores its arguments as an argparse.Namespace: allow that one class, which only holds attributes
+    # train.py stores its arguments as an argparse.Namespace: allow that one class, which only holds attributes. The
+    # allowlist is global to the process, so threads reading checkpoints at once take turns (one's exit ends another's)
     has_safe_globals = hasattr(torch.serialization, 'safe_globals')
-    with torch.serialization.safe_globals([argparse.Namespace]) if has_safe_globals else nullcontext():
+    allow_namespace = torch.serialization.safe_globals([argparse.Namespace]) if has_safe_globals else nullcontext()
+    with _SAFE_GLOBALS_LOCK, allow_namespace:
         try:
             return torch.load(path, map_location='cpu', weights_only=True)
         except pickle.UnpicklingError as e:
