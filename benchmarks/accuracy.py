@@ -216,17 +216,26 @@ def markdown(summary: Dict[str, Dict], baseline: str) -> str:
 
 
 def plot(runs: List[Dict], title: str, path: Path) -> None:
+    """Validation top-1 per epoch: one line per model, the mean over its seeds, shaded from the lowest to the highest
+    seed (epochs that every seed of the model reached)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    by_model: Dict[str, List[Dict[int, float]]] = {}
     for r in runs:
-        ax.plot([e['epoch'] + 1 for e in r['epochs']], [e['eval_top1'] for e in r['epochs']],
-                label=f"{r['model']}, seed {r['seed']}")
+        by_model.setdefault(r['model'], []).append({e['epoch'] + 1: e['eval_top1'] for e in r['epochs']})
+    fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=120)
+    for model, seeds in by_model.items():
+        epochs = sorted(set.intersection(*(set(s) for s in seeds)))
+        top1 = [[s[e] for s in seeds] for e in epochs]
+        line, = ax.plot(epochs, [sum(t) / len(t) for t in top1], marker='.', label=f'{model} ({len(seeds)} seeds)')
+        if len(seeds) > 1:
+            ax.fill_between(epochs, [min(t) for t in top1], [max(t) for t in top1], color=line.get_color(), alpha=.15)
     ax.set(xlabel='epoch', ylabel='validation top-1 (%)', title=title)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.title.set_fontsize(8)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc='upper left', bbox_to_anchor=(1.01, 1.))
     ax.grid(alpha=.3)
     fig.tight_layout()
     fig.savefig(path)
