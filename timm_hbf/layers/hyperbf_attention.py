@@ -14,7 +14,8 @@ from timm.layers import maybe_add_mask, use_fused_attn
 from torch import nn
 from torch.jit import Final
 
-from .hyperbf_kernel import HyperBFKernel, check_count, check_flag, check_positive
+from .._checks import check_count, check_flag, check_positive
+from .hyperbf_kernel import HyperBFKernel
 
 __all__ = ['HyperBFAttention', 'additive_mask', 'gaussian_sdpa']
 
@@ -133,7 +134,7 @@ class HyperBFAttention(nn.Module):
         check_flag('gamma_per_head', gamma_per_head)
         if gamma_init is None:
             gamma_init = 1. / (2. * math.sqrt(dim // num_heads))
-        check_positive('gamma_init', gamma_init, 'the initial attention width; None for 1 / (2 sqrt(head_dim))')
+        check_positive('gamma_init (the initial attention width; None for 1 / (2 sqrt(head_dim)))', gamma_init)
         if (qk_norm or scale_norm) and norm_layer is None:
             raise ValueError('qk_norm and scale_norm need a norm_layer.')
         dd = {'device': device, 'dtype': dtype}

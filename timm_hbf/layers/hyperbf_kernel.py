@@ -13,46 +13,18 @@ Distances are never formed from ``x[:, None] - t[None]`` differences: ``||x - t|
 turns them into one matrix product, which is what lets HyperBF layers cost what their dot-product counterparts cost.
 """
 import math
-import numbers
-from typing import Any
 
 import torch
 import torch.fx
 from torch import nn
 from torch.jit import Final
 
-__all__ = ['HyperBFKernel', 'KERNELS', 'check_count', 'check_flag', 'check_kernel', 'check_positive', 'log_gaussian']
+from .._checks import check_choice, check_count, check_flag, check_positive
+
+__all__ = ['HyperBFKernel', 'KERNELS', 'log_gaussian']
 
 KERNELS = ('gaussian', 'laplacian')
 LOG_GAMMA_BOUND = 60.  # exp(+-60) is finite and non-zero in fp32 and bf16
-
-
-def check_kernel(name: str, value: Any) -> None:
-    """Raise if ``value`` (the argument ``name``) is not one of :data:`KERNELS`."""
-    if not isinstance(value, str) or value not in KERNELS:
-        raise ValueError(f'{name} must be one of {KERNELS}, got {value!r}.')
-
-
-def check_flag(name: str, value: Any) -> None:
-    """Raise if ``value`` (the argument ``name``) is not a bool."""
-    if not isinstance(value, bool):
-        raise TypeError(f'{name} must be True or False, got {value!r} ({type(value).__name__}).')
-
-
-def check_count(name: str, value: Any) -> None:
-    """Raise if ``value`` (the argument ``name``) is not an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f'{name} must be an integer >= 1, got {value!r} ({type(value).__name__}).')
-    if value < 1:
-        raise ValueError(f'{name} must be an integer >= 1, got {value!r}.')
-
-
-def check_positive(name: str, value: Any, what: str) -> None:
-    """Raise if ``value`` (the argument ``name``, ``what`` it is) is not a finite real number > 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f'{name} ({what}) must be a finite number > 0, got {value!r} ({type(value).__name__}).')
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f'{name} ({what}) must be a finite number > 0, got {value!r}.')
 
 
 def _log_gaussian(x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
@@ -115,10 +87,10 @@ class HyperBFKernel(nn.Module):
         super().__init__()
         check_count('dim', dim)
         check_count('num_widths', num_widths)
-        check_positive('gamma_init', gamma_init, 'the initial kernel width')
-        check_kernel('kernel', kernel)
+        check_positive('gamma_init (the initial kernel width)', gamma_init)
+        check_choice('kernel', kernel, KERNELS)
         check_flag('mahalanobis', mahalanobis)
-        check_positive('eps', eps, "the Laplacian's offset under the square root")
+        check_positive("eps (the Laplacian's offset under the square root)", eps)
         dd = {'device': device, 'dtype': dtype}
         self.dim = dim
         self.kernel = kernel

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torch.jit import Final
 
-from .hyperbf_kernel import HyperBFKernel, check_count, check_flag
+from .._checks import check_count, check_flag
+from .hyperbf_kernel import HyperBFKernel
 
 __all__ = ['HyperBFMlp', 'init_gamma']
 

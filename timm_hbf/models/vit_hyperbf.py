@@ -23,8 +23,8 @@ import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from ..layers import HyperBFAttention, HyperBFMlp
-from ..layers.hyperbf_kernel import check_flag, check_kernel, check_positive
+from .._checks import check_choice, check_flag, check_positive
+from ..layers import KERNELS, HyperBFAttention, HyperBFMlp
 from ._builder import build_vit, shipped_weights, vit_cfg
 
 __all__ = ['VisionTransformerHyperBF']
@@ -65,12 +65,12 @@ class VisionTransformerHyperBF(VisionTransformer):
             attn_gamma_init: Optional[float] = None,
             **kwargs,
     ) -> None:
-        check_kernel('kernel', kernel)
+        check_choice('kernel', kernel, KERNELS)
         check_flag('mahalanobis', mahalanobis)
         check_flag('mlp_normalized', mlp_normalized)
         check_flag('attn_gamma_per_head', attn_gamma_per_head)
         if attn_gamma_init is not None:
-            check_positive('attn_gamma_init', attn_gamma_init, 'the initial attention width; None for the default')
+            check_positive('attn_gamma_init (the initial attention width; None for the default)', attn_gamma_init)
         super().__init__(
             attn_layer=_layer_class(
                 HyperBFAttention, kernel=kernel, mahalanobis=mahalanobis, gamma_per_head=attn_gamma_per_head,

@@ -25,7 +25,7 @@ switched on alone:
 import math
 import numbers
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 from timm.layers import (
@@ -43,6 +43,7 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
 
+from .._checks import check_choice, check_count, check_flag, check_number, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
 from ._builder import build_vit, vit_cfg
 
@@ -113,54 +114,39 @@ class QimiaLayer(nn.Module):
         return self.mlp(keys, values)
 
 
-def _fail(name: str, value: Any, allowed: str, error: type = ValueError) -> None:
-    raise error(f'{name} must be {allowed}, got {value!r}.')
-
-
-def _check_number(name: str, value: Any, kind: type, ok: Callable[[Any], bool], allowed: str) -> None:
-    """Raise naming the argument, the value and what is allowed: a TypeError unless ``value`` is of ``kind`` (bools
-    are not numbers here), a ValueError unless ``ok(value)``."""
-    if isinstance(value, bool) or not isinstance(value, kind):
-        _fail(name, value, allowed, TypeError)
-    if not ok(value):
-        _fail(name, value, allowed)
-
-
 def _check_arguments(args: Dict[str, Any]) -> None:
     """Every constructor argument of :class:`VisionTransformerQimia` checked for type and range."""
     for name in ('qkv_bias', 'key_norm', 'keys_from_values', 'sublayer_values', 'null_entry', 'class_token',
                  'dynamic_img_size', 'dynamic_img_pad'):
-        if not isinstance(args[name], bool):
-            _fail(name, args[name], 'True or False', TypeError)
+        check_flag(name, args[name])
     for name, low in (('in_chans', 1), ('num_classes', 0), ('embed_dim', 1), ('depth', 1), ('num_heads', 1),
                       ('memory_block_size', 1), ('key_dim', 1), ('depth_num_heads', 1)):
         optional = name in ('key_dim', 'depth_num_heads')
         if not (optional and args[name] is None):
-            _check_number(name, args[name], numbers.Integral, lambda v: v >= low,
-                          f'an integer >= {low}' + (', or None for the default' if optional else ''))
+            check_number(name, args[name], numbers.Integral, lambda v: v >= low,
+                         f'an integer >= {low}' + (', or None for the default' if optional else ''))
     for name in ('img_size', 'patch_size'):
         value = args[name]
         pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
         if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
                                      for v in pair):
-            _fail(name, value, 'an integer >= 1 or a pair of them (height, width)')
+            fail(name, value, 'an integer >= 1 or a pair of them (height, width)')
     for name in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate', 'drop_path_rate'):
-        _check_number(name, args[name], numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
-    _check_number('mlp_ratio', args['mlp_ratio'], numbers.Real, lambda v: int(v * args['embed_dim']) >= 1,
-                  f"a number with int(embed_dim * mlp_ratio) >= 1 (embed_dim {args['embed_dim']})")
+        check_number(name, args[name], numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
+    check_number('mlp_ratio', args['mlp_ratio'], numbers.Real, lambda v: int(v * args['embed_dim']) >= 1,
+                 f"a number with int(embed_dim * mlp_ratio) >= 1 (embed_dim {args['embed_dim']})")
     for name, choices in (('global_pool', GLOBAL_POOLS), ('depth_kernel', DEPTH_KERNELS),
                           ('value_norm', VALUE_NORMS), ('weight_init', ('', 'skip'))):
-        if args[name] not in choices:
-            _fail(name, args[name], f'one of {choices}')
+        check_choice(name, args[name], choices)
     embed_dim, key_dim = args['embed_dim'], args['key_dim']
     if embed_dim % args['num_heads']:
-        _fail('num_heads', args['num_heads'], f'a divisor of embed_dim ({embed_dim})')
+        fail('num_heads', args['num_heads'], f'a divisor of embed_dim ({embed_dim})')
     if args['global_pool'] == 'token' and not args['class_token']:
-        _fail('global_pool', 'token', "'avg' or 'map' without a class token (class_token=False)")
+        fail('global_pool', 'token', "'avg' or 'map' without a class token (class_token=False)")
     if args['keys_from_values'] and key_dim not in (None, embed_dim):
-        _fail('key_dim', key_dim, f'None or embed_dim ({embed_dim}) with keys_from_values: the keys are the values')
+        fail('key_dim', key_dim, f'None or embed_dim ({embed_dim}) with keys_from_values: the keys are the values')
     if args['keys_from_values'] and args['key_norm']:
-        _fail('key_norm', True, 'False with keys_from_values, whose keys are RMS-normalised already')
+        fail('key_norm', True, 'False with keys_from_values, whose keys are RMS-normalised already')
 
 
 class VisionTransformerQimia(nn.Module):
@@ -246,7 +232,7 @@ class VisionTransformerQimia(nn.Module):
         key_dim = key_dim or (embed_dim if keys_from_values else max(embed_dim // 3, 1))
         heads = depth_num_heads or max(key_dim // 8, 1)
         if key_dim % heads or embed_dim % heads:
-            _fail('depth_num_heads', heads, f'a common divisor of key_dim ({key_dim}) and embed_dim ({embed_dim})'
+            fail('depth_num_heads', heads, f'a common divisor of key_dim ({key_dim}) and embed_dim ({embed_dim})'
                                             f'{"" if depth_num_heads else " (the default is key_dim // 8)"}')
         dd = {'device': device, 'dtype': dtype}
         self.num_classes = num_classes
@@ -363,10 +349,10 @@ class VisionTransformerQimia(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        _check_number('num_classes', num_classes, numbers.Integral, lambda v: v >= 0, 'an integer >= 0')
+        check_count('num_classes', num_classes, low=0)
         if global_pool is not None:
             if global_pool not in GLOBAL_POOLS or global_pool == 'token' and not self.has_class_token:
-                _fail('global_pool', global_pool, f"one of {GLOBAL_POOLS} ('token' with a class token)")
+                fail('global_pool', global_pool, f"one of {GLOBAL_POOLS} ('token' with a class token)")
             if global_pool != 'map':
                 self.attn_pool = None
             elif self.attn_pool is None:
@@ -486,7 +472,7 @@ class VisionTransformerQimia(nn.Module):
             intermediates_only: Return only the intermediates.
         """
         if output_fmt not in ('NCHW', 'NLC'):
-            _fail('output_fmt', output_fmt, "'NCHW' or 'NLC'")
+            fail('output_fmt', output_fmt, "'NCHW' or 'NLC'")
         taken, max_index = feature_take_indices(len(self.blocks), indices)
         B, _, height, width = x.shape
         x, intermediates = self._forward_taken(x, taken, max_index if stop_early else len(self.blocks) - 1)

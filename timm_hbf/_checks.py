@@ -1,0 +1,47 @@
+"""Argument checks of the layers and models. Each raises naming the argument, the value and what is allowed:
+
+    {name} must be {allowed}, got {value!r}.            ValueError: a value out of range or not among the choices
+    {name} must be {allowed}, got {value!r} ({type}).   TypeError: a value of the wrong kind
+
+Bools are not numbers here: ``True`` is refused where a count or a rate is asked for.
+"""
+import math
+import numbers
+from typing import Any, Callable, NoReturn, Sequence, Type
+
+__all__ = ['check_choice', 'check_count', 'check_flag', 'check_number', 'check_positive', 'fail']
+
+
+def fail(name: str, value: Any, allowed: str, error: Type[Exception] = ValueError) -> NoReturn:
+    kind = f' ({type(value).__name__})' if error is TypeError else ''
+    raise error(f'{name} must be {allowed}, got {value!r}{kind}.')
+
+
+def check_number(name: str, value: Any, kind: type, ok: Callable[[Any], bool], allowed: str) -> None:
+    """A TypeError unless ``value`` is of ``kind`` (and no bool), a ValueError unless ``ok(value)``."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        fail(name, value, allowed, TypeError)
+    if not ok(value):
+        fail(name, value, allowed)
+
+
+def check_count(name: str, value: Any, low: int = 1) -> None:
+    """An integer >= ``low``."""
+    check_number(name, value, numbers.Integral, lambda v: v >= low, f'an integer >= {low}')
+
+
+def check_positive(name: str, value: Any) -> None:
+    """A finite real number > 0."""
+    check_number(name, value, numbers.Real, lambda v: v > 0 and math.isfinite(v), 'a finite number > 0')
+
+
+def check_flag(name: str, value: Any) -> None:
+    """True or False (1, 'False' and None are refused)."""
+    if not isinstance(value, bool):
+        fail(name, value, 'True or False', TypeError)
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    """One of ``choices``."""
+    if value not in choices:
+        fail(name, value, f'one of {tuple(choices)}')
