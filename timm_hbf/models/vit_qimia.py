@@ -233,7 +233,7 @@ class VisionTransformerQimia(nn.Module):
         heads = depth_num_heads or max(key_dim // 8, 1)
         if key_dim % heads or embed_dim % heads:
             fail('depth_num_heads', heads, f'a common divisor of key_dim ({key_dim}) and embed_dim ({embed_dim})'
-                                            f'{"" if depth_num_heads else " (the default is key_dim // 8)"}')
+                                           f'{"" if depth_num_heads else " (the default is key_dim // 8)"}')
         dd = {'device': device, 'dtype': dtype}
         self.num_classes = num_classes
         self.global_pool = global_pool
