@@ -45,7 +45,7 @@ from torch.jit import Final
 
 from .._checks import check_choice, check_count, check_flag, check_number, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
-from ._builder import build_vit, vit_cfg
+from ._builder import build_vit, shipped_weights, vit_cfg
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn', 'depth_attention_stats']
 
@@ -579,8 +579,9 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 ATTNRES = dict(paper_name='Attention Residuals (Kimi Team, 2026)', paper_ids='arXiv:2603.15031')
 
-# Only architectures for now: no tag points at weights until weights are published.
+# The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
+    'vit_qimia_tiny.cifar10_short': _cfg(cifar10=True, file=shipped_weights('vit_qimia_tiny.cifar10_short')),
     'vit_qimia_tiny.untrained': _cfg(cifar10=True),
     'vit_qimia_small.untrained': _cfg(cifar10=True),
     'vit_qimia_base.untrained': _cfg(cifar10=True),
