@@ -1,6 +1,7 @@
 """Draw where a QIMIA or AttnRes model's sublayers read from: the mean depth-attention matrix (read x memory entry)
 as a heatmap, from ``timm_hbf.models.vit_qimia.depth_attention_stats``.
 
+    python examples/depth_attention_heatmap.py --model vit_qimia_tiny --pretrained --out heatmap.png
     python examples/depth_attention_heatmap.py --checkpoint output/train_cifar10/model_best.pth.tar \\
         --model vit_qimia_tiny --out heatmap.png
 
@@ -47,28 +48,31 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='vit_qimia_tiny')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    parser.add_argument('--pretrained', action='store_true', help="the model's pretrained weights")
     parser.add_argument('--checkpoint', default='', help="train.py checkpoint (default: an untrained model)")
     parser.add_argument('--data', default=str(SAMPLE),
                         help="CIFAR-10 folder or .tar.gz archive (default: the repository's sample)")
     parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
                         help='where an archive is extracted, once (default: %(default)s)')
-    parser.add_argument('--images', type=int, default=256, help='test images to average over')
+    parser.add_argument('--images', type=int, default=256, help='test images to average over (at most all of them)')
     parser.add_argument('--out', default='depth_attention.png')
     args = parser.parse_args(argv)
 
-    model = timm.create_model(args.model, checkpoint_path=args.checkpoint, **args.model_kwargs)
+    model = timm.create_model(args.model, pretrained=args.pretrained, checkpoint_path=args.checkpoint,
+                              **args.model_kwargs)
     if not isinstance(model, VisionTransformerQimia):
         raise SystemExit(f'{args.model} has no depth attention: use a vit_qimia_* or vit_attnres_* model.')
     config = resolve_data_config(model=model)
     root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
     dataset = create_dataset('', root=str(root), split='test', transform=create_transform(**config))
-    step = max(len(dataset) // args.images, 1)  # spread over the classes
-    batch = torch.stack([dataset[i][0] for i in range(0, step * args.images, step)])
+    count = min(args.images, len(dataset))
+    step = len(dataset) // count  # spread over the classes
+    batch = torch.stack([dataset[i][0] for i in range(0, step * count, step)])
     stats = depth_attention_stats(model, batch)
     for reader, entropy, norm in zip(stats['readers'], stats['entropy'].tolist(), stats['query_norm'].tolist()):
         print(f'{reader:>8}: entropy {entropy:.3f}, query norm {norm:.3f}')
     print(f"mean entropy {stats['entropy'].mean().item():.3f} over {len(stats['readers'])} reads")
-    name = Path(args.checkpoint).name or 'untrained'
+    name = Path(args.checkpoint).name or (model.pretrained_cfg['tag'] if args.pretrained else 'untrained')
     draw(stats, Path(args.out), f'{args.model} ({name}): mean depth attention on {len(batch)} test images')
     print(f'heatmap written to {args.out}')
     return stats

@@ -27,14 +27,22 @@ def test_untrained_model_reads_uniformly_and_the_heatmap_is_drawn(model, entropy
 
     out = tmp_path / 'heatmap.png'
     stats = heatmap_script.main([
-        '--model', model, '--model-kwargs', 'depth=2', '--data', str(cifar10_sample), '--images', '16',
+        '--model', model, '--model-kwargs', 'depth=2', '--data', str(cifar10_sample), '--images', '1000',
         '--out', str(out),
-    ])
+    ])  # more images than the sample has: all of them
     torch.testing.assert_close(stats['entropy'], torch.tensor(entropy))
     assert f'mean entropy {sum(entropy) / 5:.3f} over 5 reads' in capsys.readouterr().out
     image = matplotlib.image.imread(out)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
     assert image[..., :3].std() > .05  # not a blank canvas
+
+
+def test_the_pretrained_model_reads_selectively(heatmap_script, cifar10_sample, tmp_path):
+    stats = heatmap_script.main(['--model', 'vit_qimia_tiny', '--pretrained', '--data', str(cifar10_sample),
+                                 '--images', '32', '--out', str(tmp_path / 'heatmap.png')])
+    assert stats['entropy'].mean() < .9  # an untrained model reads uniformly: 1
+    # its first read, by the first attention block, leans on the position embedding (measured: 0.6 of its weight)
+    assert stats['matrix'][0, stats['entries'].index('pos')] > .5
 
 
 def test_models_without_depth_attention_are_refused(heatmap_script, cifar10_sample, tmp_path):
