@@ -15,11 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-import timm
-import torch
-from timm.data import create_dataset, create_transform, resolve_data_config
-from timm.utils import ParseKwargs
-from train_cifar10 import DEFAULT_CACHE, SAMPLE, image_folder
+from train_cifar10 import add_model_arguments, model_and_test_images
 
 from timm_hbf.models.vit_qimia import VisionTransformerQimia, depth_attention_stats
 
@@ -46,28 +42,13 @@ def draw(stats: Dict, path: Path, title: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--model', default='vit_qimia_tiny')
-    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
-    parser.add_argument('--pretrained', action='store_true', help="the model's pretrained weights")
-    parser.add_argument('--checkpoint', default='', help="train.py checkpoint (default: an untrained model)")
-    parser.add_argument('--data', default=str(SAMPLE),
-                        help="CIFAR-10 folder or .tar.gz archive (default: the repository's sample)")
-    parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
-                        help='where an archive is extracted, once (default: %(default)s)')
-    parser.add_argument('--images', type=int, default=256, help='test images to average over (at most all of them)')
+    add_model_arguments(parser, model='vit_qimia_tiny', images=256)
     parser.add_argument('--out', default='depth_attention.png')
     args = parser.parse_args(argv)
 
-    model = timm.create_model(args.model, pretrained=args.pretrained, checkpoint_path=args.checkpoint,
-                              **args.model_kwargs)
+    model, batch = model_and_test_images(args)
     if not isinstance(model, VisionTransformerQimia):
         raise SystemExit(f'{args.model} has no depth attention: use a vit_qimia_* or vit_attnres_* model.')
-    config = resolve_data_config(model=model)
-    root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
-    dataset = create_dataset('', root=str(root), split='test', transform=create_transform(**config))
-    count = min(args.images, len(dataset))
-    step = len(dataset) // count  # spread over the classes
-    batch = torch.stack([dataset[i][0] for i in range(0, step * count, step)])
     stats = depth_attention_stats(model, batch)
     for reader, entropy, norm in zip(stats['readers'], stats['entropy'].tolist(), stats['query_norm'].tolist()):
         print(f'{reader:>8}: entropy {entropy:.3f}, query norm {norm:.3f}')

@@ -14,15 +14,16 @@ Columns:
 * params (M): parameters with a 10-class head.
 * GMACs: multiply-accumulates of a one-image forward at the model's input size, counted with
   ``torch.utils.flop_counter.FlopCounterMode`` (FLOPs / 2). The count covers matrix products, the patch convolution
-  and the fused ``scaled_dot_product_attention`` kernel (counted on CPU as well) as an inference forward runs it (on
-  CPU the HyperBF key-norm term is then a mask rather than an extra channel, which changes no digit shown).
-  Element-wise ops (the HyperBF exponentials, norms, softmax, QIMIA's reads over depth) are not counted, as in timm's
-  and fvcore's counts.
+  and attention's two products (``scaled_dot_product_attention`` runs its math backend while counting: not every
+  torch version counts the fused CPU kernel), at the widths an inference forward uses (HyperBF's q and k one key-norm
+  channel wider, padded to a multiple of 8). Element-wise ops (the HyperBF exponentials, norms, softmax, QIMIA's
+  reads over depth) are not counted, as in timm's and fvcore's counts.
 * img/s: images per second of the model's forward alone (no decoding or transforms), over all images of the split
   (or ``--limit``), after one untimed warm-up batch. On a shared CPU it moves with the machine's load; on a busy
   one, ``--threads 1`` can be several times faster than torch's default of one thread per core.
-* top-1 (%): accuracy on those images. No trained weights are published yet, so the models are randomly initialised
-  and top-1 sits at chance (about 10 %) by construction: the column checks the data path end to end, not the models.
+* top-1 (%): accuracy on those images. The models are built without their pretrained weights, so top-1 sits at
+  chance (about 10 %) by construction: the column checks the data path end to end, not the models (the accuracy of
+  the pretrained ones: ``classify_cifar10.py``).
   A randomly initialised ViT often predicts the same class for every image, which scores exactly 10 % on a
   class-balanced split.
 
@@ -42,6 +43,7 @@ from typing import Dict, List, Optional, Sequence
 import timm
 import torch
 from timm.data import create_dataset, create_transform, resolve_data_config
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader, Dataset, Subset
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -59,7 +61,7 @@ def model_names() -> List[str]:
 
 def count_gmacs(model: torch.nn.Module, input_size: Sequence[int], device: torch.device) -> float:
     """GMACs of a one-image forward (FLOPs / 2 / 1e9)."""
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(torch.randn(1, *input_size, device=device))
     return counter.get_total_flops() / 2 / 1e9
 

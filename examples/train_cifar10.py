@@ -78,6 +78,31 @@ def evenly_spaced(size: int, count: int) -> List[int]:
     return [i * size // count for i in range(count)]
 
 
+def add_model_arguments(parser: argparse.ArgumentParser, model: str, images: int) -> None:
+    """The arguments of a script that looks at a model on test images: the model, its weights and the data."""
+    parser.add_argument('--model', default=model)
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    parser.add_argument('--pretrained', action='store_true', help="the model's pretrained weights")
+    parser.add_argument('--checkpoint', default='', help='train.py checkpoint (default: an untrained model)')
+    parser.add_argument('--data', default=str(SAMPLE),
+                        help="CIFAR-10 folder or .tar.gz archive (default: the repository's sample)")
+    parser.add_argument('--cache-dir', default=str(DEFAULT_CACHE),
+                        help='where an archive is extracted, once (default: %(default)s)')
+    parser.add_argument('--images', type=int, default=images, help='test images to look at (at most all of them)')
+
+
+def model_and_test_images(args: argparse.Namespace) -> Tuple[torch.nn.Module, torch.Tensor]:
+    """The model of :func:`add_model_arguments`'s arguments, and ``args.images`` test images spread over the classes
+    through its eval transform (``args.img_size``, ``args.mean`` and ``args.std`` override its data config, where
+    given, as in timm's validate.py)."""
+    model = timm.create_model(args.model, pretrained=args.pretrained, checkpoint_path=args.checkpoint,
+                              **args.model_kwargs)
+    config = resolve_data_config(vars(args), model=model)
+    root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
+    dataset = create_dataset('', root=str(root), split='test', transform=create_transform(**config))
+    return model, torch.stack([dataset[i][0] for i in evenly_spaced(len(dataset), args.images)])
+
+
 def holdout_split(size: int, val_images: int) -> Tuple[List[int], List[int]]:
     """Train and validation indices of a train split of ``size`` images: ``val_images`` of them, evenly spaced,
     held out; the rest for training."""

@@ -1,20 +1,12 @@
 """examples/depth_attention_heatmap.py: the depth-attention matrix of a QIMIA model, drawn from real test images."""
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import load_module
-
-EXAMPLES = Path(__file__).resolve().parents[2] / 'examples'
-
 
 @pytest.fixture
-def heatmap_script(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXAMPLES))  # the script imports its neighbour train_cifar10
-    yield load_module(EXAMPLES / 'depth_attention_heatmap.py')
-    sys.modules.pop('train_cifar10', None)
+def heatmap_script(load_example):
+    return load_example('depth_attention_heatmap.py')
 
 
 @pytest.mark.parametrize('model, entropy', [

@@ -57,6 +57,12 @@ def test_markdown_only(capsys, one_thread):
     assert len(lines) == 4 and all(ROW.match(line) for line in lines[2:])
 
 
+def test_gmacs_count_attention_as_timm_publishes_them():
+    """timm lists vit_tiny_patch16_224 at 1.26 GMACs, 0.18 of them attention's two products."""
+    model = timm.create_model('vit_tiny_patch16_224').eval()
+    assert load_script().count_gmacs(model, (3, 224, 224), torch.device('cpu')) == pytest.approx(1.26, abs=.01)
+
+
 def test_by_default_reads_the_repositorys_sample(capsys, one_thread):
     load_script().main(['--models', 'vit_hyperbf_tiny', '--limit', '10', *one_thread])
     out = capsys.readouterr().out

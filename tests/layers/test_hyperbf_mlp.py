@@ -37,6 +37,19 @@ def test_units_are_alive_at_init_on_layer_normed_inputs(dim, centers, kernel):
     assert (mlp.kernel.log_gamma.grad != 0).all()
 
 
+@pytest.mark.parametrize('dim', [192, 384, 768])
+def test_independent_units_start_nearly_linear_normalized_ones_do_not(dim):
+    """On LayerNorm'd tokens ``log K(x, t_i)`` is ``2 gamma x . t_i`` plus a constant, which varies over the tokens
+    with std ``2 gamma ||t_i||``: ``1 / sqrt(D)`` for independent units (``gamma = 1 / (2 D)``), where ``exp`` is
+    nearly linear, and about 1 for normalized ones (``gamma = 1 / (2 sqrt(D))``), where the softmax is not."""
+    torch.manual_seed(0)
+    x = layer_normed(8, 64, dim).reshape(-1, dim)
+    for normalized, spread in ((False, dim ** -.5), (True, 1.)):
+        mlp = HyperBFMlp(dim, 4 * dim, normalized=normalized)
+        log_k = mlp.kernel.log_kernel(x, mlp.centers, mlp.kernel.gamma()[None])
+        assert abs(log_k.std(0).median() / spread - 1) < .1, normalized
+
+
 def test_the_authors_init_would_be_dead():
     """With gamma = 0.1 (the public code) the same inputs give exp(-124...-186): exactly zero in fp32."""
     torch.manual_seed(0)

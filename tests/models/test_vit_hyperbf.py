@@ -18,8 +18,8 @@ from timm_hbf.models import VisionTransformerHyperBF
 from ..helpers import compiled_matches_eager, legacy_checkpoint
 
 NAMES = [
-    'vit_hyperbf_base', 'vit_hyperbf_base_patch16_224', 'vit_hyperbf_memo143_patch4_32', 'vit_hyperbf_small',
-    'vit_hyperbf_small_patch16_224', 'vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224',
+    'vit_hyperbf_base', 'vit_hyperbf_base_patch16_224', 'vit_hyperbf_memo143_patch4_32', 'vit_hyperbf_nrbf_tiny',
+    'vit_hyperbf_small', 'vit_hyperbf_small_patch16_224', 'vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224',
 ]
 OPTIONS = [
     dict(kernel='laplacian'), dict(mahalanobis=True), dict(mlp_normalized=True), dict(attn_gamma_per_head=False),
@@ -72,6 +72,7 @@ def test_names_are_new_to_timm():
     ('vit_hyperbf_small_patch16_224', 224, 16, 384, 12, 6, 1000),
     ('vit_hyperbf_base_patch16_224', 224, 16, 768, 12, 12, 1000),
     ('vit_hyperbf_memo143_patch4_32', 32, 4, 768, 4, 4, 10),
+    ('vit_hyperbf_nrbf_tiny', 32, 4, 192, 12, 3, 10),
 ])
 def test_configurations(name, size, patch, width, depth, heads, classes):
     model = timm.create_model(name, device='meta')
@@ -89,6 +90,13 @@ def test_memo_configuration_follows_the_authors_code():
     assert block.attn.qkv.bias is None
     # one attention width per layer, starting where the authors' learned scale starts: head_dim ** -0.5
     torch.testing.assert_close(block.attn.kernel.gamma(), torch.tensor([192 ** -0.5]))
+
+
+def test_nrbf_model_has_normalized_rbf_mlps():
+    """vit_hyperbf_nrbf_tiny is vit_hyperbf_tiny with mlp_normalized=True: the same parameters, softmax units."""
+    nrbf, plain = (timm.create_model(name, device='meta') for name in ('vit_hyperbf_nrbf_tiny', 'vit_hyperbf_tiny'))
+    assert all(block.mlp.normalized for block in nrbf.blocks) and not any(b.mlp.normalized for b in plain.blocks)
+    assert {k: v.shape for k, v in nrbf.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
 
 
 # --- architecture ----------------------------------------------------------------------------------------------------

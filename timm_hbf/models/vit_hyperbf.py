@@ -101,6 +101,7 @@ default_cfgs = generate_default_cfgs({
     'vit_hyperbf_small.untrained': _cfg(cifar10=True),
     'vit_hyperbf_base.untrained': _cfg(cifar10=True),
     'vit_hyperbf_memo143_patch4_32.untrained': _cfg(cifar10=True),
+    'vit_hyperbf_nrbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_tiny_patch16_224.untrained': _cfg(),
     'vit_hyperbf_small_patch16_224.untrained': _cfg(),
     'vit_hyperbf_base_patch16_224.untrained': _cfg(),
@@ -112,6 +113,14 @@ def vit_hyperbf_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerHyp
     """HyperBF ViT-Ti (192 wide, 12 blocks, 3 heads), patch 4 at 32 x 32."""
     model_args = dict(patch_size=4, embed_dim=192, depth=12, num_heads=3)
     return _create_vit_hyperbf('vit_hyperbf_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def vit_hyperbf_nrbf_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerHyperBF:
+    """HyperBF ViT-Ti whose MLPs are normalized RBF units (memo Eq. 2): a softmax over the learned centres, an
+    associative memory of keys ``t_i`` and values ``c_i`` (``mlp_normalized=True``), patch 4 at 32 x 32."""
+    model_args = dict(patch_size=4, embed_dim=192, depth=12, num_heads=3, mlp_normalized=True)
+    return _create_vit_hyperbf('vit_hyperbf_nrbf_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
