@@ -13,7 +13,9 @@ The rest is timm's ViT, with all of its options (class and register tokens, posi
 ``dynamic_img_size``, layer scale, ...). The 32 x 32 models use patch 4, the CIFAR setting of the memo;
 ``*_patch16_224`` models are the ImageNet-scale counterparts with the ViT-Ti/S/B widths.
 ``vit_hyperbf_memo143_patch4_32`` is the configuration the memo trained (Table 2): width 768, 4 blocks, 4 heads,
-3000 centres, one attention width per layer starting where the authors' code starts it.
+3000 centres, one attention width per layer starting where the authors' code starts it. ``vit_hyperbf_nrbf_tiny``
+has normalised MLP units (memo Eq. 2), which stay nonlinear where the default's become nearly affine
+(docs/hyperbf.md).
 """
 import math
 from functools import partial
