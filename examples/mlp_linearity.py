@@ -49,9 +49,7 @@ def mlp_linearity(model: torch.nn.Module, images: torch.Tensor, max_tokens: int 
         order = torch.randperm(len(inputs), generator=generator)[:max_tokens]
         stats['r2'].append(held_out_r2(inputs[order], outputs[order]))
         if isinstance(block.mlp, HyperBFMlp):
-            kernel = block.mlp.kernel
-            x = inputs[order].to(block.mlp.centers.dtype)
-            log_k = kernel.log_kernel(kernel.project(x), kernel.project(block.mlp.centers), kernel.gamma()[None])
+            log_k = block.mlp.log_units(inputs[order].to(block.mlp.centers.dtype))
             stats['unit_spread'].append(log_k.std(0).median().item())
     return stats
 

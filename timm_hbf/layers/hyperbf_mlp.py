@@ -107,11 +107,15 @@ class HyperBFMlp(nn.Module):
         """The readout, by the name timm's ViT gives the last layer of an MLP (``fix_init`` rescales it)."""
         return self.readout
 
+    def log_units(self, x: torch.Tensor) -> torch.Tensor:
+        """The unit exponents ``log K(x, t_i)``: ``(..., D) -> (..., num_centers)``, in float32 (or wider)."""
+        return self.kernel.log_kernel(
+            self.kernel.project(x), self.kernel.project(self.centers), self.kernel.gamma().unsqueeze(0))
+
     def activations(self, x: torch.Tensor) -> torch.Tensor:
         """The unit activations ``K(x, t_i)`` (or their softmax when normalised): ``(..., D) -> (..., num_centers)``,
         computed in float32 (or wider) and returned in the dtype of ``x``."""
-        log_k = self.kernel.log_kernel(
-            self.kernel.project(x), self.kernel.project(self.centers), self.kernel.gamma().unsqueeze(0))
+        log_k = self.log_units(x)
         return (log_k.softmax(dim=-1) if self.normalized else log_k.exp_()).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
