@@ -16,6 +16,7 @@ WEIGHTS = Path(timm_hbf.__file__).parent / 'weights'
 # with examples/classify_cifar10.py; float32 model, timm's eval transform)
 SHIPPED = {
     'vit_attnres_tiny.cifar10_short': 136,
+    'vit_hyperbf_nrbf_tiny.cifar10_short': 147,
     'vit_hyperbf_tiny.cifar10_short': 116,
     'vit_qimia_tiny.cifar10_short': 134,
 }

@@ -100,10 +100,12 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 default_cfgs = generate_default_cfgs({
     'vit_hyperbf_tiny.cifar10_short': _cfg(cifar10=True, file=shipped_weights('vit_hyperbf_tiny.cifar10_short')),
     'vit_hyperbf_tiny.untrained': _cfg(cifar10=True),
+    'vit_hyperbf_nrbf_tiny.cifar10_short': _cfg(
+        cifar10=True, file=shipped_weights('vit_hyperbf_nrbf_tiny.cifar10_short')),
+    'vit_hyperbf_nrbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_small.untrained': _cfg(cifar10=True),
     'vit_hyperbf_base.untrained': _cfg(cifar10=True),
     'vit_hyperbf_memo143_patch4_32.untrained': _cfg(cifar10=True),
-    'vit_hyperbf_nrbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_tiny_patch16_224.untrained': _cfg(),
     'vit_hyperbf_small_patch16_224.untrained': _cfg(),
     'vit_hyperbf_base_patch16_224.untrained': _cfg(),
