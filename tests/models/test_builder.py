@@ -294,6 +294,20 @@ def test_weights_of_another_size_name_the_entries_that_differ(shipped, tmp_path)
                             'train.py --model and --model-kwargs).')
 
 
+def test_average_pooling_says_to_keep_the_norm_the_weights_pool_after(shipped):
+    """timm's ViT with ``global_pool='avg'`` norms after the pooling (``fc_norm``), a layer the weights lack."""
+    with pytest.raises(PretrainedWeightsError) as e:
+        timm.create_model(HYPERBF, pretrained=True, global_pool='avg')
+    assert str(e.value) == (
+        f'{shipped[HYPERBF]} does not fit {HYPERBF} as built: 2 missing (fc_norm.weight, fc_norm.bias); 2 unexpected '
+        "(norm.bias, norm.weight). The weights norm the tokens before the pooling (norm), the model after it "
+        "(fc_norm, timm's ViT default with global_pool='avg'): pass fc_norm=False to pool the tokens as the weights "
+        'were trained to.')
+    model = timm.create_model(HYPERBF, pretrained=True, global_pool='avg', fc_norm=False)
+    assert model.global_pool == 'avg'
+    assert_loaded(model, load_file(shipped[HYPERBF]))
+
+
 def test_threads_reading_checkpoints_of_train_py_at_once_all_read_them(tmp_path):
     """The allowlist of ``argparse.Namespace`` is global to the process: one thread leaving it must not refuse the
     checkpoint another thread is reading (``benchmarks/accuracy.py`` reads its runs from a thread pool)."""

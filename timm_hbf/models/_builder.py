@@ -111,6 +111,11 @@ def build_model(
         mismatch = state_dict_mismatch(
             model.state_dict(), state_dict, strict=pretrained_strict,
             ignored=() if head_kept else _names(cfg.classifier), any_shape=_names(cfg.first_conv))
+        if mismatch and 'norm.weight' in state_dict and 'fc_norm.weight' in model.state_dict():
+            raise PretrainedWeightsError(
+                f'{location} does not fit {variant} as built: {mismatch}. The weights norm the tokens before the '
+                "pooling (norm), the model after it (fc_norm, timm's ViT default with global_pool='avg'): pass "
+                "fc_norm=False to pool the tokens as the weights were trained to.")
         if mismatch:
             saved_from = f' They were saved from a {trained_as}.' if trained_as not in (None, variant) else ''
             raise PretrainedWeightsError(

@@ -1,0 +1,111 @@
+"""OpenCLIP's timm image tower on both families: a CLIP model whose image encoder is one of our pretrained models,
+named in an OpenCLIP config as ``timm_model_name`` and built by OpenCLIP alone, computes the features of that timm
+model, trains contrastively on real CIFAR-10 images, locks as LiT locks it (by the model's ``group_matcher``) and
+gives OpenCLIP's intermediates."""
+import copy
+import json
+from typing import Tuple
+
+import pytest
+import timm
+import torch
+from torch import nn
+
+from .conftest import cifar10_batch
+
+open_clip = pytest.importorskip('open_clip', reason='open_clip_torch is a test extra: pip install -e ".[test]"')
+
+MODELS = ['vit_hyperbf_tiny', 'vit_qimia_tiny']  # with their shipped CIFAR-10 weights
+EMBED_DIM = 32
+CAPTIONS = ['a photo of an airplane', 'a photo of a frog', 'a photo of a ship', 'a photo of a truck']
+
+
+@pytest.fixture(scope='module', params=MODELS)
+def clip(request, tmp_path_factory) -> Tuple[nn.Module, torch.Tensor]:
+    """A CLIP model built by OpenCLIP from a config (``local-dir:``) that names one of our models as the image tower,
+    with its pretrained weights (``pretrained_image``), OpenCLIP's default average pooling and linear projection, and
+    a small text tower; and the tokenised captions. Tests that train it train a copy."""
+    data = timm.get_pretrained_cfg(request.param)
+    config = dict(
+        model_cfg=dict(
+            embed_dim=EMBED_DIM,
+            vision_cfg=dict(timm_model_name=request.param, image_size=32),
+            text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=1),
+        ),
+        preprocess_cfg=dict(mean=list(data.mean), std=list(data.std)),
+    )
+    folder = tmp_path_factory.mktemp('open_clip_config')
+    (folder / 'open_clip_config.json').write_text(json.dumps(config))
+    torch.manual_seed(0)
+    model = open_clip.create_model(f'local-dir:{folder}', pretrained_image=True, output_dict=True)
+    return model, open_clip.get_tokenizer(f'local-dir:{folder}')(CAPTIONS)
+
+
+def contrastive_step(model: nn.Module, images: torch.Tensor, text: torch.Tensor) -> None:
+    """One SGD step of OpenCLIP's contrastive loss on what is trainable."""
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model.train()
+    features = model(images, text)
+    open_clip.ClipLoss()(features['image_features'], features['text_features'], features['logit_scale']).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.fixture
+def batch(cifar10_tiny) -> torch.Tensor:
+    """The first image of four classes: airplane, frog, ship, truck."""
+    images, targets = cifar10_batch(cifar10_tiny / 'test', timm.create_model('vit_hyperbf_tiny'))
+    return torch.stack([images[(targets == c).nonzero()[0, 0]] for c in (0, 6, 8, 9)])
+
+
+def test_the_image_tower_is_the_pretrained_timm_model(clip, batch):
+    model = clip[0].eval()
+    pretrained = timm.create_model(model.visual.trunk.default_cfg['architecture'], pretrained=True).eval()
+
+    trunk = model.visual.trunk
+    assert type(trunk) is type(pretrained)
+    expected = {k: v for k, v in pretrained.state_dict().items() if not k.startswith('head.')}
+    assert trunk.state_dict().keys() == expected.keys()
+    assert all(torch.equal(v, expected[k]) for k, v in trunk.state_dict().items())
+    with torch.no_grad():  # the mean of the final patch tokens, the class token left out
+        tokens = pretrained.forward_features(batch)[:, pretrained.num_prefix_tokens:]
+        torch.testing.assert_close(trunk(batch), tokens.mean(1), rtol=0., atol=1e-6)
+        features = model.encode_image(batch, normalize=True)
+    assert features.shape == (len(batch), EMBED_DIM)
+    torch.testing.assert_close(features.norm(dim=-1), torch.ones(len(batch)))
+
+
+def test_contrastive_training_reaches_every_tower_parameter(clip, batch):
+    model, text = copy.deepcopy(clip[0]), clip[1]
+    before = {k: p.detach().clone() for k, p in model.visual.named_parameters()}
+    contrastive_step(model, batch, text)
+    unchanged = [k for k, p in model.visual.named_parameters() if torch.equal(p, before[k])]
+    assert not unchanged, f'image-tower parameters the contrastive loss did not train: {unchanged}'
+
+
+def test_lit_locking_leaves_the_last_layer_groups_to_train(clip, batch):
+    model, text = copy.deepcopy(clip[0]), clip[1]
+    model.lock_image_tower(unlocked_groups=2)  # the last two layers; the final norm (and output read) go with the last
+    trunk = model.visual.trunk
+    depth = len(trunk.blocks)
+    trainable = {k for k, p in trunk.named_parameters() if p.requires_grad}
+    assert trainable == {k for k, _ in trunk.named_parameters()
+                         if k.startswith((f'blocks.{depth - 2}.', f'blocks.{depth - 1}.', 'norm.', 'read_out.'))}
+
+    before = {k: p.detach().clone() for k, p in trunk.named_parameters()}
+    contrastive_step(model, batch, text)
+    moved = {k for k, p in trunk.named_parameters() if not torch.equal(p, before[k])}
+    assert moved and moved <= trainable
+
+
+def test_intermediates_through_the_adapter_are_the_models_own(clip, batch):
+    model = clip[0].eval()
+    with torch.no_grad():
+        out = model.visual.forward_intermediates(batch, indices=[3, 11], output_extra_tokens=True)
+        _, expected = model.visual.trunk.forward_intermediates(batch, indices=[3, 11], return_prefix_tokens=True)
+        features = model.encode_image(batch)
+    assert [t.shape for t in out['image_intermediates']] == [(len(batch), 192, 8, 8)] * 2
+    assert [t.shape for t in out['image_intermediates_prefix']] == [(len(batch), 1, 192)] * 2
+    for got, (spatial, prefix) in zip(zip(out['image_intermediates'], out['image_intermediates_prefix']), expected):
+        assert torch.equal(got[0], spatial) and torch.equal(got[1], prefix)
+    torch.testing.assert_close(out['image_features'], features)
