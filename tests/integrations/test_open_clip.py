@@ -4,12 +4,15 @@ model, trains contrastively on real CIFAR-10 images, locks as LiT locks it (by t
 gives OpenCLIP's intermediates."""
 import copy
 import json
+from pathlib import Path
 from typing import Tuple
 
 import pytest
 import timm
 import torch
 from torch import nn
+
+from timm_hbf.models._builder import PretrainedWeightsError
 
 from .conftest import cifar10_batch
 
@@ -20,25 +23,29 @@ EMBED_DIM = 32
 CAPTIONS = ['a photo of an airplane', 'a photo of a frog', 'a photo of a ship', 'a photo of a truck']
 
 
-@pytest.fixture(scope='module', params=MODELS)
-def clip(request, tmp_path_factory) -> Tuple[nn.Module, torch.Tensor]:
-    """A CLIP model built by OpenCLIP from a config (``local-dir:``) that names one of our models as the image tower,
-    with its pretrained weights (``pretrained_image``), OpenCLIP's default average pooling and linear projection, and
-    a small text tower; and the tokenised captions. Tests that train it train a copy."""
-    data = timm.get_pretrained_cfg(request.param)
+def build(name: str, folder: Path, **vision_cfg) -> nn.Module:
+    """The CLIP model of an OpenCLIP config in ``folder`` (``local-dir:``) that names ``name`` as the image tower,
+    with its pretrained weights (``pretrained_image``), and a small text tower."""
+    data = timm.get_pretrained_cfg(name)
     config = dict(
         model_cfg=dict(
             embed_dim=EMBED_DIM,
-            vision_cfg=dict(timm_model_name=request.param, image_size=32),
+            vision_cfg=dict(timm_model_name=name, image_size=32, **vision_cfg),
             text_cfg=dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=1),
         ),
         preprocess_cfg=dict(mean=list(data.mean), std=list(data.std)),
     )
-    folder = tmp_path_factory.mktemp('open_clip_config')
     (folder / 'open_clip_config.json').write_text(json.dumps(config))
     torch.manual_seed(0)
-    model = open_clip.create_model(f'local-dir:{folder}', pretrained_image=True, output_dict=True)
-    return model, open_clip.get_tokenizer(f'local-dir:{folder}')(CAPTIONS)
+    return open_clip.create_model(f'local-dir:{folder}', pretrained_image=True, output_dict=True)
+
+
+@pytest.fixture(scope='module', params=MODELS)
+def clip(request, tmp_path_factory) -> Tuple[nn.Module, torch.Tensor]:
+    """A CLIP model with one of our models as the image tower, OpenCLIP's default average pooling and linear
+    projection (:func:`build`), and the tokenised captions. Tests that train it train a copy."""
+    folder = tmp_path_factory.mktemp('open_clip_config')
+    return build(request.param, folder), open_clip.get_tokenizer(f'local-dir:{folder}')(CAPTIONS)
 
 
 def contrastive_step(model: nn.Module, images: torch.Tensor, text: torch.Tensor) -> None:
@@ -109,3 +116,14 @@ def test_intermediates_through_the_adapter_are_the_models_own(clip, batch):
     for got, (spatial, prefix) in zip(zip(out['image_intermediates'], out['image_intermediates_prefix']), expected):
         assert torch.equal(got[0], spatial) and torch.equal(got[1], prefix)
     torch.testing.assert_close(out['image_features'], features)
+
+
+def test_the_models_own_head_as_projection_takes_the_class_token_of_a_pretrained_hyperbf(tmp_path):
+    """With ``timm_proj: ''`` OpenCLIP builds the tower with ``global_pool=timm_pool``: ``'avg'`` makes timm's ViT
+    norm after the pooling (``fc_norm``), a layer the weights lack, and OpenCLIP cannot pass ``fc_norm=False``."""
+    (tmp_path / 'avg').mkdir()
+    with pytest.raises(PretrainedWeightsError, match=r"fc_norm.*pass fc_norm=False"):
+        build('vit_hyperbf_tiny', tmp_path / 'avg', timm_pool='avg', timm_proj='')
+    (tmp_path / 'token').mkdir()
+    model = build('vit_hyperbf_tiny', tmp_path / 'token', timm_pool='token', timm_proj='')
+    assert model.visual.trunk.global_pool == 'token' and model.visual.trunk.head.out_features == EMBED_DIM
