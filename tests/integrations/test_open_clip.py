@@ -12,7 +12,7 @@ import timm
 import torch
 from torch import nn
 
-from timm_hbf.models._builder import PretrainedWeightsError
+from timm_hbf.models import PretrainedWeightsError
 
 from .conftest import cifar10_batch
 

@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import checkpoint_filter_fn
 
-from timm_hbf.models import VisionTransformerHyperBF, VisionTransformerQimia
-from timm_hbf.models._builder import PretrainedWeightsError, build_model, read_checkpoint
+from timm_hbf.models import PretrainedWeightsError, VisionTransformerHyperBF, VisionTransformerQimia
+from timm_hbf.models._builder import build_model, read_checkpoint
 
 HYPERBF, QIMIA, UNTRAINED = 'buildertest_hyperbf', 'buildertest_qimia', 'buildertest_untrained'
 ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
