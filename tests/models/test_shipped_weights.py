@@ -15,6 +15,7 @@ WEIGHTS = Path(timm_hbf.__file__).parent / 'weights'
 # MODEL.TAG: how many of the sample's 200 test images the weights classify correctly (counted when they were made,
 # with examples/classify_cifar10.py; float32 model, timm's eval transform)
 SHIPPED = {
+    'vit_attnres_block_tiny.cifar10_short': 140,
     'vit_attnres_tiny.cifar10_short': 136,
     'vit_hyperbf_nrbf_tiny.cifar10_short': 147,
     'vit_hyperbf_tiny.cifar10_short': 116,

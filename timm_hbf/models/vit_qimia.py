@@ -592,6 +592,8 @@ default_cfgs = generate_default_cfgs({
     'vit_attnres_tiny.cifar10_short': _cfg(cifar10=True, file=shipped_weights('vit_attnres_tiny.cifar10_short'),
                                            **ATTNRES),
     'vit_attnres_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
+    'vit_attnres_block_tiny.cifar10_short': _cfg(
+        cifar10=True, file=shipped_weights('vit_attnres_block_tiny.cifar10_short'), **ATTNRES),
     'vit_attnres_block_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
     'vit_attnres_tiny_patch16_224.untrained': _cfg(**ATTNRES),
     'vit_attnres_block_tiny_patch16_224.untrained': _cfg(**ATTNRES),
