@@ -58,7 +58,7 @@ def contrastive_step(model: nn.Module, images: torch.Tensor, text: torch.Tensor)
     optimizer.zero_grad()
 
 
-@pytest.fixture
+@pytest.fixture(scope='module')
 def batch(cifar10_tiny) -> torch.Tensor:
     """The first image of four classes: airplane, frog, ship, truck."""
     images, targets = cifar10_batch(cifar10_tiny / 'test', timm.create_model('vit_hyperbf_tiny'))

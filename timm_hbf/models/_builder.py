@@ -108,19 +108,20 @@ def build_model(
         if pretrained_filter_fn is not None:
             state_dict = pretrained_filter_fn(state_dict, model)
         head_kept = not kwargs.get('features_only') and model.num_classes == overlay.get('num_classes', cfg.num_classes)
+        expected = model.state_dict()
         mismatch = state_dict_mismatch(
-            model.state_dict(), state_dict, strict=pretrained_strict,
+            expected, state_dict, strict=pretrained_strict,
             ignored=() if head_kept else _names(cfg.classifier), any_shape=_names(cfg.first_conv))
-        if mismatch and 'norm.weight' in state_dict and 'fc_norm.weight' in model.state_dict():
-            raise PretrainedWeightsError(
-                f'{location} does not fit {variant} as built: {mismatch}. The weights norm the tokens before the '
-                "pooling (norm), the model after it (fc_norm, timm's ViT default with global_pool='avg'): pass "
-                "fc_norm=False to pool the tokens as the weights were trained to.")
         if mismatch:
-            saved_from = f' They were saved from a {trained_as}.' if trained_as not in (None, variant) else ''
-            raise PretrainedWeightsError(
-                f'{location} does not fit {variant} as built: {mismatch}.{saved_from} Create the model the weights '
-                'were trained as, with the same model arguments (those of train.py --model and --model-kwargs).')
+            if 'norm.weight' in state_dict and 'norm.weight' not in expected and 'fc_norm.weight' in expected:
+                fix = (" The weights norm the tokens before the pooling (norm), the model after it (fc_norm, "
+                       "timm's ViT default with global_pool='avg'): pass fc_norm=False to pool the tokens as the "
+                       "weights were trained to.")
+            else:
+                saved_from = f' They were saved from a {trained_as}.' if trained_as not in (None, variant) else ''
+                fix = (f'{saved_from} Create the model the weights were trained as, with the same model arguments '
+                       '(those of train.py --model and --model-kwargs).')
+            raise PretrainedWeightsError(f'{location} does not fit {variant} as built: {mismatch}.{fix}')
         return state_dict
 
     model = build_model_with_cfg(
