@@ -159,7 +159,7 @@ def run(args, model: str, seed: int, data: Path) -> Dict:
     A run of the same command that finished before (its folder holds the test result) is read back; one that was cut
     short resumes from its ``last.pth.tar``, or starts again where it has none (:func:`check_earlier_run` first)."""
     experiment, run_dir = run_folder(args, model, seed)
-    log = run_dir.with_suffix('.log')
+    log = run_dir.parent / f'{run_dir.name}.log'  # not with_suffix: a variant's name may hold a '.'
     train = train_command(args, model, seed, data, experiment)
     finished = (run_dir / 'test.json').is_file()
     if not finished:

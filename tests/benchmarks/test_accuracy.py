@@ -138,6 +138,20 @@ def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_che
     assert json.loads((out / 'accuracy.json').read_text())['runs'] == first['runs']  # the record stays
 
 
+def test_every_run_logs_to_a_file_of_its_own_even_where_a_variant_holds_a_decimal_point(cifar10_sample, scripts,
+                                                                                         tmp_path):
+    out = tmp_path / 'out'
+    with pytest.raises(SystemExit, match=r'=0\.25-seed42: train.py failed, see .*=0\.25-seed42\.log'):  # the stand-in
+        accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--models',  # train.py takes no kwargs
+                 'vit_hyperbf_tiny:attn_gamma_init=0.25', 'vit_hyperbf_tiny:attn_gamma_init=0.5',
+                 '--baseline', 'vit_hyperbf_tiny:attn_gamma_init=0.25', '--val-per-class', '10', '--out', str(out))
+    logs = {p.name: p.read_text() for p in (out / 'runs').glob('*.log')}
+    assert sorted(logs) == ['vit_hyperbf_tiny+attn_gamma_init=0.25-seed42.log',
+                            'vit_hyperbf_tiny+attn_gamma_init=0.5-seed42.log']
+    assert 'attn_gamma_init=0.5' in logs['vit_hyperbf_tiny+attn_gamma_init=0.5-seed42.log']
+    assert 'attn_gamma_init=0.5' not in logs['vit_hyperbf_tiny+attn_gamma_init=0.25-seed42.log']
+
+
 def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, tmp_path):
     out = tmp_path / 'out'
     with pytest.raises(SystemExit, match=r'broken-seed42: train.py failed, see .*broken-seed42.log'):
