@@ -53,7 +53,7 @@ def epoch_seconds(log: str) -> Dict[int, float]:
 
 
 def record(run_dir: Path) -> Dict:
-    log_path = run_dir.with_suffix('.log')
+    log_path = run_dir.parent / f'{run_dir.name}.log'  # not with_suffix: a variant's name may hold a '.'
     if not (run_dir / 'summary.csv').is_file() or not log_path.is_file():
         raise SystemExit(f'{run_dir}: expected a train.py output folder with summary.csv, and its log at {log_path}.')
     args = yaml.safe_load((run_dir / 'args.yaml').read_text())

@@ -64,3 +64,10 @@ def test_a_folder_without_summary_or_log_is_named(tmp_path):
     (tmp_path / 'run').mkdir()
     with pytest.raises(SystemExit, match='run: expected a train.py output folder with summary.csv'):
         load_module(ROOT / 'benchmarks' / 'record_runs.py').main([str(tmp_path / 'run'), '--out', str(tmp_path)])
+
+
+def test_a_run_whose_name_holds_a_decimal_point_is_read_with_its_own_log(tmp_path):
+    run = make_run(tmp_path, 'hbf+attn_gamma_init=0.25', [45., 50.], 1.)
+    result = load_module(ROOT / 'benchmarks' / 'record_runs.py').main(
+        [str(run), '--baseline', 'hbf+attn_gamma_init=0.25', '--out', str(tmp_path / 'out')])
+    assert result['runs'][0]['test_top1'] == 50.
