@@ -10,29 +10,14 @@ from typing import Optional, Type
 import torch
 import torch.fx
 import torch.nn.functional as F
-from timm.layers import maybe_add_mask, use_fused_attn
+from timm.layers import maybe_add_mask, resolve_self_attn_mask, use_fused_attn
 from torch import nn
 from torch.jit import Final
 
 from .._checks import check_count, check_flag, check_positive
 from .hyperbf_kernel import HyperBFKernel
 
-__all__ = ['HyperBFAttention', 'additive_mask', 'gaussian_sdpa']
-
-def additive_mask(attn_mask: Optional[torch.Tensor], is_causal: bool, logits: torch.Tensor) -> Optional[torch.Tensor]:
-    """``attn_mask`` or ``is_causal`` as ``F.scaled_dot_product_attention`` reads them, as one additive mask for
-    ``logits (..., N, M)`` (``None`` for none): a boolean mask marks with True what may be attended to, a float mask is
-    added, and causal masking hides the keys after each query's position. (timm's ``resolve_self_attn_mask`` does this
-    from timm 1.0.26 on; the oldest timm we support has no such helper.)"""
-    if is_causal:
-        if attn_mask is not None:
-            raise ValueError('attn_mask and is_causal=True were both given: pass one (F.scaled_dot_product_attention '
-                             'takes one as well); fold the causal mask into attn_mask to combine them.')
-        return torch.full(logits.shape[-2:], float('-inf'), dtype=logits.dtype, device=logits.device).triu_(1)
-    if attn_mask is None or attn_mask.dtype != torch.bool:
-        return attn_mask
-    return torch.zeros(attn_mask.shape, dtype=logits.dtype, device=logits.device).masked_fill_(
-        attn_mask.logical_not(), float('-inf'))
+__all__ = ['HyperBFAttention', 'gaussian_sdpa']
 
 
 def gaussian_sdpa(
@@ -70,8 +55,7 @@ def gaussian_sdpa(
     return out[..., :dim]
 
 
-# Leaves for torch.fx: their branches read tensor properties, which a symbolic trace cannot.
-torch.fx.wrap('additive_mask')
+# a leaf for torch.fx: its branch reads the dtype of a tensor, which a symbolic trace cannot
 torch.fx.wrap('gaussian_sdpa')
 
 
@@ -163,6 +147,9 @@ class HyperBFAttention(nn.Module):
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
     ) -> torch.Tensor:
+        if is_causal and attn_mask is not None:  # both paths refuse them, as F.scaled_dot_product_attention does
+            raise ValueError('attn_mask and is_causal=True were both given: pass one, or fold the causal mask into '
+                             'attn_mask to combine them.')
         B, N, C = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.kernel.project(self.q_norm(q)), self.kernel.project(self.k_norm(k))
@@ -175,7 +162,7 @@ class HyperBFAttention(nn.Module):
             )
         else:
             attn = self.kernel.log_kernel(q, k, gamma)
-            attn = maybe_add_mask(attn, additive_mask(attn_mask, is_causal, attn))
+            attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
             attn = self.attn_drop(attn.softmax(dim=-1))
             x = attn.to(v.dtype) @ v
 
