@@ -18,7 +18,7 @@ from timm.data import ImageDataset, create_transform, resolve_data_config
 from timm_hbf.cli import main
 from timm_hbf.hub import read_train_output
 
-from .conftest import CIFAR10_LABELS, TOKEN, run_pull, run_push
+from .conftest import CIFAR10_LABELS, HYPERBF, TOKEN, run_pull, run_push
 
 # huggingface_hub's LFS upload passes bytes as data=, which its HTTP library deprecates: not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
@@ -139,6 +139,16 @@ def test_label_names_from_a_file(train_run, tmp_path):
     assert main(['push', str(train_run), '--repo-id', 'push/labels', f'@{tmp_path / "labels.txt"}',
                  '--dry-run', str(folder)]) == 0
     assert json.loads((folder / 'config.json').read_text())['label_names'] == CIFAR10_LABELS
+
+
+def test_without_label_names_the_registry_s_class_names_are_not_published(train_run, tmp_path):
+    """The architecture's default tag names CIFAR-10's classes, those of its shipped weights, not of a checkpoint of
+    another run: a push publishes class names only where --label-names gives them."""
+    assert timm.create_model(HYPERBF).pretrained_cfg['label_names']
+    folder = tmp_path / 'dry'
+    assert main(['push', str(train_run), '--repo-id', 'push/unlabelled', '--dry-run', str(folder)]) == 0
+    config = json.loads((folder / 'config.json').read_text())
+    assert 'label_names' not in config and 'label_names' not in config['pretrained_cfg']
 
 
 def test_dry_run_in_bfloat16_halves_the_weights_but_the_kernel_widths_and_timm_loads_them_into_float32(

@@ -42,9 +42,12 @@ def test_each_is_the_default_tag_in_bf16_but_its_kernel_widths_under_16_mb(name)
 
 
 @pytest.mark.parametrize('name', SHIPPED)
-def test_each_loads_offline_and_classifies_the_sample_as_when_made(name, cifar10_sample, monkeypatch):
+def test_each_loads_offline_names_its_classes_and_classifies_the_sample_as_when_made(name, cifar10_sample,
+                                                                                     monkeypatch):
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     model = timm.create_model(name.split('.')[0], pretrained=True).eval()
+    # label i is the i-th class folder, sorted, as timm's ImageDataset numbers them
+    assert list(model.pretrained_cfg['label_names']) == sorted(p.name for p in (cifar10_sample / 'test').iterdir())
     shipped = load_file(WEIGHTS / f'{name}.safetensors')
     assert model.state_dict().keys() == shipped.keys()
     assert all(torch.equal(value, shipped[key].float()) for key, value in model.state_dict().items())

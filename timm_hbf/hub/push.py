@@ -60,9 +60,11 @@ def write_repo_folder(
                 param.data = param.data.float()
     if label_names is not None and len(label_names) != model.num_classes:
         raise HubError(f'{len(label_names)} label names for the {model.num_classes} classes of {train.checkpoint}.')
-    # The preprocessing of train.py's evaluation; no tag: the registry's tags do not describe these weights.
+    # The preprocessing of train.py's evaluation; no tag and no class names: the registry's describe its own weights,
+    # not these (label_names gives theirs).
     model.pretrained_cfg.update(resolve_data_config(train.args, model=model))
-    model.pretrained_cfg.pop('tag', None)
+    for key in ('tag', 'label_names', 'label_descriptions'):
+        model.pretrained_cfg.pop(key, None)
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f'.{folder.name}.', dir=folder.parent))
     try:

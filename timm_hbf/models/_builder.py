@@ -29,8 +29,8 @@ from timm.models import (
 from torch import nn
 
 __all__ = [
-    'CIFAR10_MEAN', 'CIFAR10_STD', 'PretrainedWeightsError', 'WeightsFileError', 'build_model', 'build_vit',
-    'read_checkpoint', 'shipped_weights', 'state_dict_mismatch', 'vit_cfg', 'weights_of',
+    'CIFAR10_LABELS', 'CIFAR10_MEAN', 'CIFAR10_STD', 'PretrainedWeightsError', 'WeightsFileError', 'build_model',
+    'build_vit', 'cifar10_weights', 'read_checkpoint', 'state_dict_mismatch', 'vit_cfg', 'weights_of',
 ]
 
 ModelT = TypeVar('ModelT', bound=nn.Module)
@@ -43,6 +43,8 @@ CUT_SHORT = f'It was cut short while being written or copied. {AGAIN}'
 # CIFAR-10 training-set channel statistics: the normalisation in the pretrained_cfg of every 32 x 32 model
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+# CIFAR-10's class names in the order of its labels (and of its class folders, sorted)
+CIFAR10_LABELS = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 
 
 class PretrainedWeightsError(RuntimeError):
@@ -150,10 +152,12 @@ def vit_cfg(cifar10: bool = False, **kwargs) -> Dict[str, Any]:
                 classifier='head', license='apache-2.0', **data, **kwargs)
 
 
-def shipped_weights(name: str) -> str:
-    """The file of the weights ``MODEL.TAG`` that ship in the wheel: bf16 but for the kernel widths, as
-    ``timm-hbf push --dtype bfloat16`` writes them (timm loads them into float32 models)."""
-    return str(Path(__file__).resolve().parents[1] / 'weights' / f'{name}.safetensors')
+def cifar10_weights(name: str) -> Dict[str, Any]:
+    """The cfg entries of the CIFAR-10 weights ``MODEL.TAG`` that ship in the wheel: the file (bf16 but for the kernel
+    widths, as ``timm-hbf push --dtype bfloat16`` writes them; timm loads them into float32 models) and the class
+    names in classifier order (``label_names``, which timm's inference.py reads)."""
+    return dict(file=str(Path(__file__).resolve().parents[1] / 'weights' / f'{name}.safetensors'),
+                label_names=CIFAR10_LABELS)
 
 
 def _check_tag(variant: str, tag: str) -> None:

@@ -27,7 +27,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from .._checks import check_choice, check_flag, check_positive
 from ..layers import KERNELS, HyperBFAttention, HyperBFMlp
-from ._builder import build_vit, shipped_weights, vit_cfg
+from ._builder import build_vit, cifar10_weights, vit_cfg
 
 __all__ = ['VisionTransformerHyperBF']
 
@@ -98,10 +98,10 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 # The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
-    'vit_hyperbf_tiny.cifar10_short': _cfg(cifar10=True, file=shipped_weights('vit_hyperbf_tiny.cifar10_short')),
+    'vit_hyperbf_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_hyperbf_tiny.cifar10_short')),
     'vit_hyperbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_nrbf_tiny.cifar10_short': _cfg(
-        cifar10=True, file=shipped_weights('vit_hyperbf_nrbf_tiny.cifar10_short')),
+        cifar10=True, **cifar10_weights('vit_hyperbf_nrbf_tiny.cifar10_short')),
     'vit_hyperbf_nrbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_small.untrained': _cfg(cifar10=True),
     'vit_hyperbf_base.untrained': _cfg(cifar10=True),

@@ -45,7 +45,7 @@ from torch.jit import Final
 
 from .._checks import check_choice, check_count, check_flag, check_number, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
-from ._builder import build_vit, shipped_weights, vit_cfg
+from ._builder import build_vit, cifar10_weights, vit_cfg
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn', 'depth_attention_stats']
 
@@ -581,7 +581,7 @@ ATTNRES = dict(paper_name='Attention Residuals (Kimi Team, 2026)', paper_ids='ar
 
 # The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
-    'vit_qimia_tiny.cifar10_short': _cfg(cifar10=True, file=shipped_weights('vit_qimia_tiny.cifar10_short')),
+    'vit_qimia_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_qimia_tiny.cifar10_short')),
     'vit_qimia_tiny.untrained': _cfg(cifar10=True),
     'vit_qimia_small.untrained': _cfg(cifar10=True),
     'vit_qimia_base.untrained': _cfg(cifar10=True),
@@ -589,11 +589,11 @@ default_cfgs = generate_default_cfgs({
     'vit_qimia_tiny_patch16_224.untrained': _cfg(),
     'vit_qimia_small_patch16_224.untrained': _cfg(),
     'vit_qimia_base_patch16_224.untrained': _cfg(),
-    'vit_attnres_tiny.cifar10_short': _cfg(cifar10=True, file=shipped_weights('vit_attnres_tiny.cifar10_short'),
+    'vit_attnres_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_attnres_tiny.cifar10_short'),
                                            **ATTNRES),
     'vit_attnres_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
     'vit_attnres_block_tiny.cifar10_short': _cfg(
-        cifar10=True, file=shipped_weights('vit_attnres_block_tiny.cifar10_short'), **ATTNRES),
+        cifar10=True, **cifar10_weights('vit_attnres_block_tiny.cifar10_short'), **ATTNRES),
     'vit_attnres_block_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
     'vit_attnres_tiny_patch16_224.untrained': _cfg(**ATTNRES),
     'vit_attnres_block_tiny_patch16_224.untrained': _cfg(**ATTNRES),
