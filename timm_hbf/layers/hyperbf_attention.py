@@ -17,7 +17,22 @@ from torch.jit import Final
 from .._checks import check_count, check_flag, check_positive
 from .hyperbf_kernel import HyperBFKernel
 
-__all__ = ['HyperBFAttention', 'gaussian_sdpa']
+__all__ = ['HyperBFAttention', 'gaussian_sdpa', 'self_attn_bias']
+
+
+def self_attn_bias(
+        seq_len: int,
+        logits: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+) -> Optional[torch.Tensor]:
+    """timm's ``resolve_self_attn_mask``: ``attn_mask`` or ``is_causal`` as one additive mask for ``logits``, or None.
+    Both at once are refused, as ``F.scaled_dot_product_attention`` (the fused path) refuses them; timm's helper
+    would drop the mask."""
+    if is_causal and attn_mask is not None:
+        raise ValueError('attn_mask and is_causal=True were both given: pass one, or fold the causal mask into '
+                         'attn_mask to combine them.')
+    return resolve_self_attn_mask(seq_len, logits, attn_mask, is_causal)
 
 
 def gaussian_sdpa(
@@ -55,7 +70,8 @@ def gaussian_sdpa(
     return out[..., :dim]
 
 
-# a leaf for torch.fx: its branch reads the dtype of a tensor, which a symbolic trace cannot
+# Leaves for torch.fx: their branches read arguments and tensor properties, which a symbolic trace cannot.
+torch.fx.wrap('self_attn_bias')
 torch.fx.wrap('gaussian_sdpa')
 
 
@@ -147,9 +163,6 @@ class HyperBFAttention(nn.Module):
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
     ) -> torch.Tensor:
-        if is_causal and attn_mask is not None:  # both paths refuse them, as F.scaled_dot_product_attention does
-            raise ValueError('attn_mask and is_causal=True were both given: pass one, or fold the causal mask into '
-                             'attn_mask to combine them.')
         B, N, C = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.kernel.project(self.q_norm(q)), self.kernel.project(self.k_norm(k))
@@ -162,7 +175,7 @@ class HyperBFAttention(nn.Module):
             )
         else:
             attn = self.kernel.log_kernel(q, k, gamma)
-            attn = maybe_add_mask(attn, resolve_self_attn_mask(N, attn, attn_mask, is_causal))
+            attn = maybe_add_mask(attn, self_attn_bias(N, attn, attn_mask, is_causal))
             attn = self.attn_drop(attn.softmax(dim=-1))
             x = attn.to(v.dtype) @ v
 
