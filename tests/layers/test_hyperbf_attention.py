@@ -248,3 +248,15 @@ def test_scripted_layer_gives_the_outputs_and_gradients_of_the_eager_one():
         torch.testing.assert_close(scripted(x), fused(x))
     for a, b in zip(grads(scripted, x, g), grads(fused, x, g)):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize('mask', ['none', 'boolean', 'causal'])
+@pytest.mark.parametrize('fused', [True, False], ids=['fused', 'reference'])
+def test_a_symbolic_trace_of_either_path_gives_the_eager_outputs(fused, mask):
+    """torch.fx traces the layer with its mask arguments as graph inputs, as it traces a model for timm's features."""
+    attn = make_pair()[0 if fused else 1]
+    traced = torch.fx.symbolic_trace(attn)
+    x = layer_normed(2, 9, 48)
+    kwargs = masks(9)[mask][0]
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x, **kwargs), attn(x, **kwargs))

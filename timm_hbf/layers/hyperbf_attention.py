@@ -17,22 +17,17 @@ from torch.jit import Final
 from .._checks import check_count, check_flag, check_positive
 from .hyperbf_kernel import HyperBFKernel
 
-__all__ = ['HyperBFAttention', 'gaussian_sdpa', 'self_attn_bias']
+__all__ = ['HyperBFAttention', 'add_self_attn_mask', 'gaussian_sdpa']
 
 
-def self_attn_bias(
-        seq_len: int,
-        logits: torch.Tensor,
-        attn_mask: Optional[torch.Tensor],
-        is_causal: bool,
-) -> Optional[torch.Tensor]:
-    """timm's ``resolve_self_attn_mask``: ``attn_mask`` or ``is_causal`` as one additive mask for ``logits``, or None.
-    Both at once are refused, as ``F.scaled_dot_product_attention`` (the fused path) refuses them; timm's helper
-    would drop the mask."""
+def add_self_attn_mask(logits: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    """``logits (..., N, N)`` with ``attn_mask`` or ``is_causal`` added as the mask that timm's
+    ``resolve_self_attn_mask`` makes of them. Both at once are refused, as ``F.scaled_dot_product_attention`` (the
+    fused path) refuses them; timm's helper would drop the mask."""
     if is_causal and attn_mask is not None:
         raise ValueError('attn_mask and is_causal=True were both given: pass one, or fold the causal mask into '
                          'attn_mask to combine them.')
-    return resolve_self_attn_mask(seq_len, logits, attn_mask, is_causal)
+    return maybe_add_mask(logits, resolve_self_attn_mask(logits.shape[-1], logits, attn_mask, is_causal))
 
 
 def gaussian_sdpa(
@@ -71,7 +66,7 @@ def gaussian_sdpa(
 
 
 # Leaves for torch.fx: their branches read arguments and tensor properties, which a symbolic trace cannot.
-torch.fx.wrap('self_attn_bias')
+torch.fx.wrap('add_self_attn_mask')
 torch.fx.wrap('gaussian_sdpa')
 
 
@@ -174,8 +169,7 @@ class HyperBFAttention(nn.Module):
                 is_causal=is_causal,
             )
         else:
-            attn = self.kernel.log_kernel(q, k, gamma)
-            attn = maybe_add_mask(attn, self_attn_bias(N, attn, attn_mask, is_causal))
+            attn = add_self_attn_mask(self.kernel.log_kernel(q, k, gamma), attn_mask, is_causal)
             attn = self.attn_drop(attn.softmax(dim=-1))
             x = attn.to(v.dtype) @ v
 
