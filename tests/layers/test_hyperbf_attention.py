@@ -239,14 +239,16 @@ def test_a_switch_that_is_not_a_bool_is_rejected_with_the_argument_named():
         HyperBFAttention(48, num_heads=3, gamma_per_head='no')
 
 
-def test_scripted_layer_gives_the_outputs_and_gradients_of_the_eager_one():
-    fused, _ = make_pair()
-    scripted = torch.jit.script(fused)
+@pytest.mark.parametrize('fused', [True, False], ids=['fused', 'reference'])
+def test_scripted_layer_gives_the_outputs_and_gradients_of_the_eager_one(fused):
+    attn = make_pair()[0 if fused else 1]
+    scripted = torch.jit.script(attn)
     x = layer_normed(2, 17, 48)
     g = torch.randn(2, 17, 48)
     with torch.no_grad():
-        torch.testing.assert_close(scripted(x), fused(x))
-    for a, b in zip(grads(scripted, x, g), grads(fused, x, g)):
+        torch.testing.assert_close(scripted(x), attn(x))
+        torch.testing.assert_close(scripted(x, is_causal=True), attn(x, is_causal=True))
+    for a, b in zip(grads(scripted, x, g), grads(attn, x, g)):
         torch.testing.assert_close(a, b)
 
 
