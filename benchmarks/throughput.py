@@ -45,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -269,32 +270,45 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
     return found
 
 
+def peak_memories(specs: Dict[str, dict], batch_size: int, args) -> Dict[Tuple[str, bool, str], float]:
+    """Peak memory of every model, mode and execution, in fresh processes run side by side (half the CPU cores at a
+    time: compiling takes the cores, and each process measures only its own memory)."""
+    jobs = [(label, train, execution, backend) for label in specs for train in (False, True)
+            for execution, backend in executions(args)]
+    with ThreadPoolExecutor(max(1, min(len(jobs), (os.cpu_count() or 2) // 2))) as pool:
+        peaks = pool.map(lambda job: peak_memory(specs[job[0]], batch_size, job[1], job[3], args), jobs)
+        return {job[:3]: peak for job, peak in zip(jobs, peaks)}
+
+
 def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth: float) -> List[dict]:
     """One row per mode (inference, training) with every model's speed, memory, ratios, ceiling and roofline."""
     reference = next(label for label in specs if label in (BASELINE, LAYER_BASELINE))
     macs = {label: forward_macs(spec) for label, spec in specs.items()}
     reads = {label: read_bytes(spec, args.amp) for label, spec in specs.items()}
+    rounds = {}
+    for train in (False, True):  # the speeds first, printed as they come; the memory after, in parallel processes
+        rounds[train] = throughput(specs, batch_size, train, args)
+        print(f"{case} {'train' if train else 'infer'} images/s: " + ', '.join(
+            f'{label} {execution} {statistics.median(r):.1f}' for (label, execution), r in rounds[train].items()),
+            flush=True)
+    peaks = peak_memories(specs, batch_size, args)
     rows = []
     for train in (False, True):
-        rounds = throughput(specs, batch_size, train, args)
         row = dict(case=case, mode='train' if train else 'infer', batch_size=batch_size, models={})
         for label, spec in specs.items():
             ceiling = macs[reference] / macs[label]
             entry = row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=ceiling, read_bytes=reads[label])
-            for execution, backend in executions(args):
-                mine, theirs = rounds[label, execution], rounds[reference, execution]
+            for execution, _ in executions(args):
+                mine, theirs = rounds[train][label, execution], rounds[train][reference, execution]
                 ratios = [a / b for a, b in zip(mine, theirs)]
                 # the baseline's time per image over the model's: its arithmetic at the baseline's rate, plus its
                 # reads' bytes at the copy bandwidth
                 roofline = 1 / (1 / ceiling + READ_PASSES[train] * reads[label] * statistics.median(theirs) / bandwidth)
+                peak, reference_peak = peaks[label, train, execution], peaks[reference, train, execution]
                 entry[execution] = dict(
                     images_per_s=statistics.median(mine), rounds=mine, throughput_ratio=statistics.median(ratios),
-                    throughput_ratio_range=[min(ratios), max(ratios)], roofline=roofline,
-                    peak_mib=peak_memory(spec, batch_size, train, backend, args))
-        for execution, _ in executions(args):
-            for entry in row['models'].values():
-                entry[execution]['memory_ratio'] = \
-                    entry[execution]['peak_mib'] / row['models'][reference][execution]['peak_mib']
+                    throughput_ratio_range=[min(ratios), max(ratios)], roofline=roofline, peak_mib=peak,
+                    memory_ratio=peak / reference_peak)
         rows.append(row)
         print(f"{case} {row['mode']}: " + ', '.join(
             f"{label} {execution} {e[execution]['images_per_s']:.1f}/s ({e[execution]['throughput_ratio']:.2f}x), "
@@ -394,18 +408,24 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         return []
     env = environment(args)
     env['copy_bandwidth_gbs'] = copy_bandwidth(args.device) / 1e9
-    rows = [row for case in cases(args) for row in measure(*case, args, env['copy_bandwidth_gbs'] * 1e9)]
     title = f"{env['device']}, {env['threads']} threads, copy bandwidth {env['copy_bandwidth_gbs']:.1f} GB/s, " \
             f"torch {env['torch']}, timm {env['timm']}, {env['date']}{', bf16 autocast' if args.amp else ''}"
-    table = markdown_table(rows, args)
-    print(f'\n{title}\n\n{table}')
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, 'w') as f:
-            json.dump(dict(environment=env, results=rows), f, indent=2)
-        with open(os.path.splitext(args.json)[0] + '.md', 'w') as f:
-            f.write(f"`{env['command']}`\n\n{title}\n\n{table}\n")
+    rows = []
+    for case in cases(args):  # the files are rewritten after every case: a run stopped early keeps what it measured
+        rows += measure(*case, args, env['copy_bandwidth_gbs'] * 1e9)
+        if args.json:
+            write_results(args.json, env, title, rows, args)
+    print(f'\n{title}\n\n{markdown_table(rows, args)}')
     return rows
+
+
+def write_results(path: str, env: dict, title: str, rows: List[dict], args) -> None:
+    """The environment and every round as JSON at ``path``, the table beside it (``.md``)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump(dict(environment=env, results=rows), f, indent=2)
+    with open(os.path.splitext(path)[0] + '.md', 'w') as f:
+        f.write(f"`{env['command']}`\n\n{title}\n\n{markdown_table(rows, args)}\n")
 
 
 if __name__ == '__main__':

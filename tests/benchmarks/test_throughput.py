@@ -74,6 +74,23 @@ def test_the_attention_layers_eager_and_compiled(bench):
                 assert len(entry[execution]['rounds']) == 2 and entry[execution]['peak_mib'] > 0
 
 
+
+def test_a_run_stopped_early_keeps_the_cases_it_measured(bench, tmp_path, monkeypatch):
+    """The JSON and its table are written after every case: a deadline in the second case keeps the first."""
+    measure = bench.measure
+
+    def measure_then_stop(case, *args):
+        if case == '16 tokens':
+            raise KeyboardInterrupt  # what a deadline's signal ends a run with
+        return measure(case, *args)
+    monkeypatch.setattr(bench, 'measure', measure_then_stop)
+    out = tmp_path / 'attention.json'
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(['--attention', '8', '16', '--attention-dim', '128', *TINY, '--json', str(out)])
+    rows = json.loads(out.read_text())['results']
+    assert [(r['case'], r['mode']) for r in rows] == [('8 tokens', 'infer'), ('8 tokens', 'train')]
+    assert '| 8 tokens | train |' in (tmp_path / 'attention.md').read_text()
+
 # one image of vit_qimia_tiny at depth 2: the reads of its four blocks and the output read see 1, 2, 3, 4 and 5
 # entries that belong to the image (the position embedding's is shared by the batch), each 65 tokens of a key (64
 # channels) and a value (192 channels)
