@@ -159,7 +159,24 @@ def throughput(specs: Dict[str, dict], batch_size: int, train: bool, args) -> Di
                 step()
             sync(args.device)
             rounds[key].append(batch_size * args.steps / (time.perf_counter() - start))
+    if args.profile:
+        for (label, execution), step in steps.items():
+            print(f"{label}, {execution}, {'train' if train else 'infer'}: the operators and kernels that take the "
+                  f"most time in {args.steps} steps\n{profile_table(step, args)}", flush=True)
     return rounds
+
+
+def profile_table(step: Callable[[], None], args) -> str:
+    """torch.profiler's table of ``args.steps`` steps, sorted by the time spent in each operator or kernel itself
+    (on the GPU where there is one): which kernel a slow model spends its time in, and which SDPA kernel runs."""
+    cuda = args.device.startswith('cuda')
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(args.steps):
+            step()
+        sync(args.device)
+    return profiler.key_averages().table(sort_by='self_device_time_total' if cuda else 'self_cpu_time_total',
+                                         row_limit=12, max_name_column_width=80)
 
 
 def executions(args) -> List[Tuple[str, Optional[str]]]:
@@ -377,6 +394,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--steps', type=int, default=3, help='steps per round')
     parser.add_argument('--rounds', type=int, default=7)
     parser.add_argument('--json', help='write the results to this JSON file (and the table beside it, .md)')
+    parser.add_argument('--profile', action='store_true',
+                        help="print torch.profiler's table of every model's steps after the rounds")
     parser.add_argument('--measure-memory', help=argparse.SUPPRESS)
     parser.add_argument('--train', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
