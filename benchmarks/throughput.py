@@ -179,6 +179,11 @@ def profile_table(step: Callable[[], None], args) -> str:
                                          row_limit=12, max_name_column_width=80)
 
 
+def trains(args) -> List[bool]:
+    """The modes measured, as ``train`` flags: inference (False), training (True)."""
+    return [mode == 'train' for mode in args.modes]
+
+
 def executions(args) -> List[Tuple[str, Optional[str]]]:
     """(name, torch.compile backend): eager, and compiled with ``--compiled``."""
     return [('eager', None)] + ([('compiled', args.compiled)] if args.compiled else [])
@@ -290,7 +295,7 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
 def peak_memories(specs: Dict[str, dict], batch_size: int, args) -> Dict[Tuple[str, bool, str], float]:
     """Peak memory of every model, mode and execution, in fresh processes run side by side (half the CPU cores at a
     time: compiling takes the cores, and each process measures only its own memory)."""
-    jobs = [(label, train, execution, backend) for label in specs for train in (False, True)
+    jobs = [(label, train, execution, backend) for label in specs for train in trains(args)
             for execution, backend in executions(args)]
     with ThreadPoolExecutor(max(1, min(len(jobs), (os.cpu_count() or 2) // 2))) as pool:
         peaks = pool.map(lambda job: peak_memory(specs[job[0]], batch_size, job[1], job[3], args), jobs)
@@ -303,14 +308,14 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth:
     macs = {label: forward_macs(spec) for label, spec in specs.items()}
     reads = {label: read_bytes(spec, args.amp) for label, spec in specs.items()}
     rounds = {}
-    for train in (False, True):  # the speeds first, printed as they come; the memory after, in parallel processes
+    for train in trains(args):  # the speeds first, printed as they come; the memory after, in parallel processes
         rounds[train] = throughput(specs, batch_size, train, args)
         print(f"{case} {'train' if train else 'infer'} images/s: " + ', '.join(
             f'{label} {execution} {statistics.median(r):.1f}' for (label, execution), r in rounds[train].items()),
             flush=True)
     peaks = peak_memories(specs, batch_size, args)
     rows = []
-    for train in (False, True):
+    for train in trains(args):
         row = dict(case=case, mode='train' if train else 'infer', batch_size=batch_size, models={})
         for label, spec in specs.items():
             ceiling = macs[reference] / macs[label]
@@ -390,6 +395,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--compiled', nargs='?', const='inductor', metavar='BACKEND',
                         help='also time every model under torch.compile (default backend: inductor)')
     parser.add_argument('--threads', type=int, help='torch CPU threads (default: torch default)')
+    parser.add_argument('--modes', nargs='+', choices=['infer', 'train'], default=['infer', 'train'],
+                        help='what to measure (default: both); inference alone skips compiling the training steps')
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--steps', type=int, default=3, help='steps per round')
     parser.add_argument('--rounds', type=int, default=7)
