@@ -15,11 +15,11 @@ median over rounds of the ratio to the baseline in the same round, with its rang
 times every model under ``torch.compile``, in the same rounds, with ratios to the compiled baseline. On CUDA, float32
 matrix products run as TF32, as timm's train.py sets them (HyperBF's distances are float32 also under bf16 autocast).
 
-Peak memory of a step, each model in a fresh process: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU (Linux)
-the parameters, buffers and optimizer state plus the peak resident size of two steps above the resident size before
-them, with glibc's mmap threshold pinned at 128 KiB so that freed tensors go back to the system at once and the
-resident size counts live tensors as CUDA's count does. What the process holds besides (libraries, the compiler) is
-left out on both.
+Peak memory of a step, each model in a fresh process (several side by side, after the timing): on CUDA
+``torch.cuda.max_memory_allocated``; on the CPU (Linux) the parameters, buffers and optimizer state plus the peak
+resident size of two steps above the resident size before them, with glibc's mmap threshold pinned at 128 KiB so that
+freed tensors go back to the system at once and the resident size counts live tensors as CUDA's count does. What the
+process holds besides (libraries, the compiler) is left out on both.
 
 Arithmetic: GMACs of one image's forward pass (torch's FLOP counter) and the ceiling, the baseline's MACs over the
 model's: the ratio a model would reach running its arithmetic as fast as the baseline runs its own. QIMIA's reads over
