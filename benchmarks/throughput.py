@@ -179,11 +179,6 @@ def profile_table(step: Callable[[], None], args) -> str:
                                          row_limit=12, max_name_column_width=80)
 
 
-def trains(args) -> List[bool]:
-    """The modes measured, as ``train`` flags: inference (False), training (True)."""
-    return [mode == 'train' for mode in args.modes]
-
-
 def executions(args) -> List[Tuple[str, Optional[str]]]:
     """(name, torch.compile backend): eager, and compiled with ``--compiled``."""
     return [('eager', None)] + ([('compiled', args.compiled)] if args.compiled else [])
@@ -295,7 +290,7 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
 def peak_memories(specs: Dict[str, dict], batch_size: int, args) -> Dict[Tuple[str, bool, str], float]:
     """Peak memory of every model, mode and execution, in fresh processes run side by side (half the CPU cores at a
     time: compiling takes the cores, and each process measures only its own memory)."""
-    jobs = [(label, train, execution, backend) for label in specs for train in trains(args)
+    jobs = [(label, mode == 'train', execution, backend) for label in specs for mode in args.modes
             for execution, backend in executions(args)]
     with ThreadPoolExecutor(max(1, min(len(jobs), (os.cpu_count() or 2) // 2))) as pool:
         peaks = pool.map(lambda job: peak_memory(specs[job[0]], batch_size, job[1], job[3], args), jobs)
@@ -308,20 +303,21 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth:
     macs = {label: forward_macs(spec) for label, spec in specs.items()}
     reads = {label: read_bytes(spec, args.amp) for label, spec in specs.items()}
     rounds = {}
-    for train in trains(args):  # the speeds first, printed as they come; the memory after, in parallel processes
-        rounds[train] = throughput(specs, batch_size, train, args)
-        print(f"{case} {'train' if train else 'infer'} images/s: " + ', '.join(
-            f'{label} {execution} {statistics.median(r):.1f}' for (label, execution), r in rounds[train].items()),
+    for mode in args.modes:  # the speeds first, printed as they come; the memory after, in parallel processes
+        rounds[mode] = throughput(specs, batch_size, mode == 'train', args)
+        print(f"{case} {mode} images/s: " + ', '.join(
+            f'{label} {execution} {statistics.median(r):.1f}' for (label, execution), r in rounds[mode].items()),
             flush=True)
     peaks = peak_memories(specs, batch_size, args)
     rows = []
-    for train in trains(args):
-        row = dict(case=case, mode='train' if train else 'infer', batch_size=batch_size, models={})
+    for mode in args.modes:
+        train = mode == 'train'
+        row = dict(case=case, mode=mode, batch_size=batch_size, models={})
         for label, spec in specs.items():
             ceiling = macs[reference] / macs[label]
             entry = row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=ceiling, read_bytes=reads[label])
             for execution, _ in executions(args):
-                mine, theirs = rounds[train][label, execution], rounds[train][reference, execution]
+                mine, theirs = rounds[mode][label, execution], rounds[mode][reference, execution]
                 ratios = [a / b for a, b in zip(mine, theirs)]
                 # the baseline's time per image over the model's: its arithmetic at the baseline's rate, plus its
                 # reads' bytes at the copy bandwidth
