@@ -19,7 +19,10 @@ Peak memory of a step, each model in a fresh process (several side by side, afte
 ``torch.cuda.max_memory_allocated``; on the CPU (Linux) the parameters, buffers and optimizer state plus the peak
 resident size of two steps above the resident size before them, with glibc's mmap threshold pinned at 128 KiB so that
 freed tensors go back to the system at once and the resident size counts live tensors as CUDA's count does. What the
-process holds besides (libraries, the compiler) is left out on both.
+process holds besides (libraries, the compiler) is left out on both. The same processes time their first step: for
+a compiled model, the wait for compiling before the first step (as train.py's ``--torchcompile`` starts). With
+``--cold-compile`` each process starts with empty compiler caches, as a first run does; without it, the caches hold
+what the timing compiled, as a rerun finds them.
 
 Arithmetic: GMACs of one image's forward pass (torch's FLOP counter) and the ceiling, the baseline's MACs over the
 model's: the ratio a model would reach running its arithmetic as fast as the baseline runs its own. QIMIA's reads over
@@ -44,6 +47,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -184,13 +188,18 @@ def executions(args) -> List[Tuple[str, Optional[str]]]:
     return [('eager', None)] + ([('compiled', args.compiled)] if args.compiled else [])
 
 
-def peak_memory(spec: dict, batch_size: int, train: bool, backend: Optional[str], args) -> float:
-    """Peak memory of a step in MiB, measured in a fresh process (see the module docstring)."""
+def fresh_process_step(spec: dict, batch_size: int, train: bool, backend: Optional[str], args) -> Tuple[float, float]:
+    """Peak memory of a step in MiB and the first step's seconds, measured in a fresh process (see the module
+    docstring)."""
     cmd = [sys.executable, __file__, '--measure-memory', json.dumps(spec), '--batch-size', str(batch_size),
            '--device', args.device, *(['--train'] if train else []), *(['--amp'] if args.amp else []),
            *(['--compiled', backend] if backend else [])]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
-    return float(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.split()[-1])
+    with tempfile.TemporaryDirectory(prefix='inductor_cache_') as empty:
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+        if args.cold_compile:
+            env.update(TORCHINDUCTOR_CACHE_DIR=empty, TRITON_CACHE_DIR=os.path.join(empty, 'triton'))
+        peak, first_step = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.split()[-2:]
+    return float(peak), float(first_step)
 
 
 def proc_status_kib(field: str) -> int:
@@ -198,15 +207,19 @@ def proc_status_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ':'))
 
 
-def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> float:
-    """Two steps after a first one (which compiles and creates the optimizer state): on CUDA what
-    ``max_memory_allocated`` counts; on the CPU the tensors the model and optimizer hold between steps, plus the peak
-    resident size of the steps above the resident size before them (gradients, activations, temporaries)."""
+def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> Tuple[float, float]:
+    """Peak memory of two steps after a first one (which compiles and creates the optimizer state), and the first
+    step's seconds. Memory: on CUDA what ``max_memory_allocated`` counts; on the CPU the tensors the model and
+    optimizer hold between steps, plus the peak resident size of the steps above the resident size before them
+    (gradients, activations, temporaries)."""
     model = build(spec, args.device)
     batch = torch.randn(batch_size, *spec['input_size'], device=args.device)
     step = make_step(compiled(model, args.compiled), batch, train, args.amp)
+    sync(args.device)
+    start = time.perf_counter()
     step()
     sync(args.device)
+    first_step = time.perf_counter() - start
     if args.device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
     else:
@@ -217,11 +230,12 @@ def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> float
         step()
     sync(args.device)
     if args.device.startswith('cuda'):
-        return torch.cuda.max_memory_allocated() / 2 ** 20
+        return torch.cuda.max_memory_allocated() / 2 ** 20, first_step
     held = list(model.parameters()) + list(model.buffers())
     if step.optimizer is not None:
         held += [t for state in step.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
-    return sum(t.numel() * t.element_size() for t in held) / 2 ** 20 + (proc_status_kib('VmHWM') - before) / 2 ** 10
+    held_mib = sum(t.numel() * t.element_size() for t in held) / 2 ** 20
+    return held_mib + (proc_status_kib('VmHWM') - before) / 2 ** 10, first_step
 
 
 def forward_macs(spec: dict) -> int:
@@ -287,14 +301,15 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
     return found
 
 
-def peak_memories(specs: Dict[str, dict], batch_size: int, args) -> Dict[Tuple[str, bool, str], float]:
-    """Peak memory of every model, mode and execution, in fresh processes run side by side (half the CPU cores at a
-    time: compiling takes the cores, and each process measures only its own memory)."""
+def fresh_process_steps(
+        specs: Dict[str, dict], batch_size: int, args) -> Dict[Tuple[str, bool, str], Tuple[float, float]]:
+    """Peak memory and first step of every model, mode and execution, in fresh processes run side by side (half the
+    CPU cores at a time: compiling takes the cores, and each process measures only its own memory)."""
     jobs = [(label, mode == 'train', execution, backend) for label in specs for mode in args.modes
             for execution, backend in executions(args)]
     with ThreadPoolExecutor(max(1, min(len(jobs), (os.cpu_count() or 2) // 2))) as pool:
-        peaks = pool.map(lambda job: peak_memory(specs[job[0]], batch_size, job[1], job[3], args), jobs)
-        return {job[:3]: peak for job, peak in zip(jobs, peaks)}
+        measured = pool.map(lambda job: fresh_process_step(specs[job[0]], batch_size, job[1], job[3], args), jobs)
+        return {job[:3]: result for job, result in zip(jobs, measured)}
 
 
 def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth: float) -> List[dict]:
@@ -308,7 +323,7 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth:
         print(f"{case} {mode} images/s: " + ', '.join(
             f'{label} {execution} {statistics.median(r):.1f}' for (label, execution), r in rounds[mode].items()),
             flush=True)
-    peaks = peak_memories(specs, batch_size, args)
+    fresh = fresh_process_steps(specs, batch_size, args)
     rows = []
     for mode in args.modes:
         train = mode == 'train'
@@ -322,15 +337,18 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth:
                 # the baseline's time per image over the model's: its arithmetic at the baseline's rate, plus its
                 # reads' bytes at the copy bandwidth
                 roofline = 1 / (1 / ceiling + READ_PASSES[train] * reads[label] * statistics.median(theirs) / bandwidth)
-                peak, reference_peak = peaks[label, train, execution], peaks[reference, train, execution]
+                (peak, first_step), (reference_peak, reference_first) = (
+                    fresh[label, train, execution], fresh[reference, train, execution])
                 entry[execution] = dict(
                     images_per_s=statistics.median(mine), rounds=mine, throughput_ratio=statistics.median(ratios),
                     throughput_ratio_range=[min(ratios), max(ratios)], roofline=roofline, peak_mib=peak,
-                    memory_ratio=peak / reference_peak)
+                    memory_ratio=peak / reference_peak, first_step_s=first_step,
+                    first_step_ratio=first_step / reference_first)
         rows.append(row)
         print(f"{case} {row['mode']}: " + ', '.join(
             f"{label} {execution} {e[execution]['images_per_s']:.1f}/s ({e[execution]['throughput_ratio']:.2f}x), "
-            f"{e[execution]['peak_mib']:.0f} MiB ({e[execution]['memory_ratio']:.2f}x)"
+            f"{e[execution]['peak_mib']:.0f} MiB ({e[execution]['memory_ratio']:.2f}x), "
+            f"first step {e[execution]['first_step_s']:.1f} s ({e[execution]['first_step_ratio']:.2f}x)"
             for label, e in row['models'].items() for execution, _ in executions(args)), flush=True)
     return rows
 
@@ -339,7 +357,8 @@ def markdown_table(rows: List[dict], args) -> str:
     """One line per case, mode and model; ratios to the baseline of the same case, mode and execution."""
     header = '| model | input | mode | batch | GMACs | ceiling | reads MB/img |'
     for execution, _ in executions(args):
-        header += f' {execution} /s | ratio (range) | roofline | of roofline | peak MiB | memory ratio |'
+        header += f' {execution} /s | ratio (range) | roofline | of roofline | peak MiB | memory ratio |' \
+                  ' first step s | ratio |'
     lines = [header, '|' + '---|' * (header.count('|') - 1)]
     for row in rows:
         for label, m in row['models'].items():
@@ -350,7 +369,7 @@ def markdown_table(rows: List[dict], args) -> str:
                 low, high = x['throughput_ratio_range']
                 line += f" {x['images_per_s']:.1f} | {x['throughput_ratio']:.2f} ({low:.2f}-{high:.2f}) | " \
                         f"{x['roofline']:.2f} | {x['throughput_ratio'] / x['roofline']:.2f} | {x['peak_mib']:.0f} | " \
-                        f"{x['memory_ratio']:.2f} |"
+                        f"{x['memory_ratio']:.2f} | {x['first_step_s']:.1f} | {x['first_step_ratio']:.2f} |"
             lines.append(line)
     return '\n'.join(lines)
 
@@ -371,7 +390,7 @@ def environment(args) -> dict:
                 threads=torch.get_num_threads(), torch=torch.__version__, cuda=torch.version.cuda,
                 timm=timm.__version__, timm_hbf=timm_hbf.__version__, python=platform.python_version(),
                 command=' '.join(['python', 'benchmarks/throughput.py', *args.argv]), amp=args.amp,
-                compiled=args.compiled, malloc_mmap_threshold=MMAP_THRESHOLD)
+                compiled=args.compiled, cold_compile=args.cold_compile, malloc_mmap_threshold=MMAP_THRESHOLD)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -390,6 +409,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
     parser.add_argument('--compiled', nargs='?', const='inductor', metavar='BACKEND',
                         help='also time every model under torch.compile (default backend: inductor)')
+    parser.add_argument('--cold-compile', action='store_true',
+                        help='time the first steps with empty compiler caches, as a first run (default: as the '
+                             'timing left them, as a rerun)')
     parser.add_argument('--threads', type=int, help='torch CPU threads (default: torch default)')
     parser.add_argument('--modes', nargs='+', choices=['infer', 'train'], default=['infer', 'train'],
                         help='what to measure (default: both); inference alone skips compiling the training steps')
@@ -426,7 +448,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.measure_memory:
-        print(measure_memory_here(json.loads(args.measure_memory), args.batch_size, args.train, args))
+        print(*measure_memory_here(json.loads(args.measure_memory), args.batch_size, args.train, args))
         return []
     env = environment(args)
     env['copy_bandwidth_gbs'] = copy_bandwidth(args.device) / 1e9

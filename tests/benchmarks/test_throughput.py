@@ -1,6 +1,8 @@
 """benchmarks/throughput.py: our models beside timm's ViT (and MLP-Mixer) of the same size, and HyperBF's attention
 layer beside timm's, timed in one run, with the memory of a step measured in fresh processes."""
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,7 @@ def test_a_run_times_and_measures_every_model_and_variant_beside_the_vit(bench, 
     env = record['environment']
     assert env['command'].endswith(f'--json {out}') and env['torch'] == torch.__version__ and env['date']
     assert env['timm'] == timm.__version__ and env['device'] and env['copy_bandwidth_gbs'] > 0
+    assert env['cold_compile'] is False
     assert [r['mode'] for r in rows] == ['infer', 'train']
     for row in rows:
         models = row['models']
@@ -53,6 +56,7 @@ def test_a_run_times_and_measures_every_model_and_variant_beside_the_vit(bench, 
         for entry in models.values():
             assert len(entry['eager']['rounds']) == 2 and all(r > 0 for r in entry['eager']['rounds'])
             assert entry['eager']['peak_mib'] > 0 and entry['read_bytes'] == 0
+            assert entry['eager']['first_step_s'] > 0
         full, shallow = models['vit_hyperbf_tiny'], models['vit_hyperbf_tiny, depth=1']
         assert 0.9 < full['ceiling'] < 1.1  # HyperBF units cost the arithmetic of the ViT's
         assert 1.7 < full['macs'] / shallow['macs'] < 2.1  # one block of two: about half the arithmetic
@@ -72,8 +76,7 @@ def test_the_attention_layers_eager_and_compiled(bench):
             assert entry['spec']['input_size'] == [16, 128] and entry['spec']['num_heads'] == 2
             for execution in ('eager', 'compiled'):
                 assert len(entry[execution]['rounds']) == 2 and entry[execution]['peak_mib'] > 0
-
-
+                assert entry[execution]['first_step_s'] > 0
 
 
 def test_profile_prints_where_every_model_spends_its_steps(bench, capsys):
@@ -86,6 +89,7 @@ def test_profile_prints_where_every_model_spends_its_steps(bench, capsys):
         assert f'{label}, eager, infer: the operators and kernels that take the most time in 1 steps' in out
     assert 'eager, train:' not in out
     assert out.count('scaled_dot_product') >= 2 and 'Self CPU time total' in out
+
 
 def test_a_run_stopped_early_keeps_the_cases_it_measured(bench, tmp_path, monkeypatch):
     """The JSON and its table are written after every case: a deadline in the second case keeps the first."""
@@ -124,10 +128,30 @@ def test_a_steps_memory_counts_what_the_model_holds_and_the_activations_of_its_b
     args = bench.parse_args([])
     spec = dict(model_name='vit_hyperbf_tiny', depth=2, input_size=[3, 32, 32])
     params_mib = sum(p.numel() * p.element_size() for p in bench.build(spec, 'cpu').parameters()) / 2 ** 20
-    small, large = (bench.peak_memory(spec, batch, True, None, args) for batch in (2, 64))
+    (small, _), (large, _) = (bench.fresh_process_step(spec, batch, True, None, args) for batch in (2, 64))
     assert small >= 3 * params_mib  # the weights and AdamW's two moments, whatever the batch
     # 62 more images keep at least their two blocks' MLP hidden activations (65 tokens x 768 channels, float32)
     assert large - small > 62 * 65 * 768 * 4 * 2 / 2 ** 20
+
+
+def test_cold_compile_gives_every_process_empty_compiler_caches_of_its_own(bench, monkeypatch):
+    """``--cold-compile``: each measuring process compiles from empty caches (a first run), removed afterwards;
+    without it, the processes share the caches the timing filled (a rerun)."""
+    seen = []
+
+    def run(cmd, env, **kwargs):
+        cache = env.get('TORCHINDUCTOR_CACHE_DIR')
+        empty = cache is not None and os.listdir(cache) == [] and env['TRITON_CACHE_DIR'].startswith(cache)
+        seen.append((cache, empty))
+        return subprocess.CompletedProcess(cmd, 0, stdout='12.5 3.25\n')
+    monkeypatch.setattr(bench.subprocess, 'run', run)
+    spec = dict(model_name='vit_hyperbf_tiny', depth=1, input_size=[3, 32, 32])
+    for cold in (True, True, False):
+        args = bench.parse_args(['--compiled'] + (['--cold-compile'] if cold else []))
+        assert bench.fresh_process_step(spec, 2, True, 'inductor', args) == (12.5, 3.25)
+    (first, first_empty), (second, second_empty), (warm, _) = seen
+    assert first_empty and second_empty and first != second and not os.path.exists(first)
+    assert warm == os.environ.get('TORCHINDUCTOR_CACHE_DIR')  # the caches the timing in this process used
 
 
 def test_variants_must_be_key_value_pairs(bench, capsys):
