@@ -8,10 +8,14 @@ as a heatmap, from ``timm_hbf.models.vit_qimia.depth_attention_stats``.
 Rows are the reads (every sublayer, then the output read), columns the memory entries (the embedding's, then what
 each sublayer wrote); each cell is the attention weight averaged over test images, tokens and heads. Untrained
 models read uniformly (every row is 1 / entries seen, a residual stream's average). The entropy metric of the SURF
-report (1: uniform, 0: a single entry) is printed per read. ``--data`` takes CIFAR-10 as for
-``train_cifar10.py`` (default: the repository's sample). Needs matplotlib.
+report (1: uniform, 0: a single entry) is printed per read. The numbers behind the heatmap go to a JSON file beside
+it (``--out`` with ``.json``: the matrix, ``null`` where a read does not see an entry, the entropies and query norms,
+row and column names). ``--data`` takes CIFAR-10 as for ``train_cifar10.py`` (default: the repository's sample).
+Needs matplotlib.
 """
 import argparse
+import json
+import math
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -40,6 +44,15 @@ def draw(stats: Dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def write_json(stats: Dict, path: Path, **about) -> None:
+    """The heatmap's numbers, rounded to 4 decimals; ``null`` where a read does not see an entry."""
+    matrix = [[None if math.isnan(v) else round(v, 4) for v in row] for row in stats['matrix'].tolist()]
+    path.write_text(json.dumps(dict(
+        about, readers=stats['readers'], entries=stats['entries'], matrix=matrix,
+        entropy=[round(v, 4) for v in stats['entropy'].tolist()],
+        query_norm=[round(v, 4) for v in stats['query_norm'].tolist()]), indent=1) + '\n')
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, model='vit_qimia_tiny', images=256)
@@ -54,8 +67,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         print(f'{reader:>8}: entropy {entropy:.3f}, query norm {norm:.3f}')
     print(f"mean entropy {stats['entropy'].mean().item():.3f} over {len(stats['readers'])} reads")
     name = Path(args.checkpoint).name or (model.pretrained_cfg['tag'] if args.pretrained else 'untrained')
-    draw(stats, Path(args.out), f'{args.model} ({name}): mean depth attention on {len(batch)} test images')
-    print(f'heatmap written to {args.out}')
+    out = Path(args.out)
+    draw(stats, out, f'{args.model} ({name}): mean depth attention on {len(batch)} test images')
+    write_json(stats, out.with_suffix('.json'), model=args.model, weights=name, images=len(batch))
+    print(f'heatmap written to {out}, its numbers to {out.with_suffix(".json")}')
     return stats
 
 

@@ -1,5 +1,8 @@
 """examples/depth_attention_heatmap.py: the depth-attention matrix of a QIMIA model, drawn from real test images."""
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -27,6 +30,20 @@ def test_untrained_model_reads_uniformly_and_the_heatmap_is_drawn(model, entropy
     image = matplotlib.image.imread(out)
     assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
     assert image[..., :3].std() > .05  # not a blank canvas
+
+
+def test_the_heatmaps_numbers_are_written_beside_it(heatmap_script, cifar10_sample, tmp_path):
+    out = tmp_path / 'heatmap.png'
+    stats = heatmap_script.main(['--model', 'vit_qimia_tiny', '--model-kwargs', 'depth=2',
+                                 '--data', str(cifar10_sample), '--images', '20', '--out', str(out)])
+    record = json.loads(out.with_suffix('.json').read_text())
+    assert record['model'] == 'vit_qimia_tiny' and record['images'] == 20
+    assert (record['readers'], record['entries']) == (stats['readers'], stats['entries'])
+    expected = [[None if math.isnan(v) else pytest.approx(v, abs=1e-4) for v in row]
+                for row in stats['matrix'].tolist()]
+    assert record['matrix'] == expected and record['matrix'][0][-1] is None  # the first read sees no sublayer's entry
+    assert record['entropy'] == pytest.approx(stats['entropy'].tolist(), abs=1e-4)
+    assert record['query_norm'] == pytest.approx(stats['query_norm'].tolist(), abs=1e-4)
 
 
 def test_the_pretrained_model_reads_selectively(heatmap_script, cifar10_sample, tmp_path):
