@@ -1,6 +1,9 @@
 """The weights that ship in the wheel (``timm_hbf/weights/MODEL.TAG.safetensors``): each is its model's default tag,
-bf16 and small, loads offline with ``pretrained=True`` like timm's own weights, and classifies the CIFAR-10 sample
-that comes with the repository exactly as it did when the weights were made."""
+bf16 and small, loads offline with ``pretrained=True`` like timm's own weights, classifies the CIFAR-10 sample that
+comes with the repository exactly as it did when the weights were made, and is the file that its measurement record
+describes and the README reports."""
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ from timm.data import ImageDataset, create_transform, resolve_data_config
 import timm_hbf
 
 WEIGHTS = Path(timm_hbf.__file__).parent / 'weights'
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / 'benchmarks' / 'results' / 'cifar10_short_cpu'  # weights_MODEL.json: file, checksum, validate.py
 # MODEL.TAG: how many of the sample's 200 test images the weights classify correctly (counted when they were made,
 # with examples/classify_cifar10.py; float32 model, timm's eval transform)
 SHIPPED = {
@@ -65,3 +70,19 @@ def test_a_new_number_of_classes_resets_the_head_only(name):
     five = timm.create_model(arch, pretrained=True, num_classes=5).state_dict()
     assert five['head.weight'].shape == (5, model.get_classifier().in_features)
     assert all(torch.equal(value, five[key]) for key, value in model.state_dict().items() if not key.startswith('head'))
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_each_is_the_file_its_record_measured_and_the_readme_reports(name):
+    arch, tag = name.split('.')
+    record = json.loads((RECORDS / f'weights_{arch}.json').read_text())
+    path = WEIGHTS / f'{name}.safetensors'
+    assert (record['tag'], record['bytes']) == (tag, path.stat().st_size)
+    assert record['sha256'] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert record['sample']['correct'] == SHIPPED[name]
+    top1 = record['test_top1']
+    readme = (ROOT / 'README.md').read_text().splitlines()
+    models_row = next(line for line in readme if line.startswith(f'| `{name}` |'))
+    assert f"| {top1['shipped_bf16']:.2f} % |" in models_row and f"| {path.stat().st_size / 1e6:.1f} MB |" in models_row
+    results_row = next(line for line in readme if line.startswith(f'| `{arch}` | ') and ' % |' in line)
+    assert f"| {top1['checkpoint_fp32']:.2f} %, {top1['shipped_bf16']:.2f} % |" in results_row
