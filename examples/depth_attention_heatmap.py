@@ -17,7 +17,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from train_cifar10 import add_model_arguments, model_and_test_images
 
@@ -46,11 +46,13 @@ def draw(stats: Dict, path: Path, title: str) -> None:
 
 def write_json(stats: Dict, path: Path, **about) -> None:
     """The heatmap's numbers, rounded to 4 decimals; ``null`` where a read does not see an entry."""
-    matrix = [[None if math.isnan(v) else round(v, 4) for v in row] for row in stats['matrix'].tolist()]
+    def rounded(values: List[float]) -> List[Optional[float]]:
+        return [None if math.isnan(v) else round(v, 4) for v in values]
+
     path.write_text(json.dumps(dict(
-        about, readers=stats['readers'], entries=stats['entries'], matrix=matrix,
-        entropy=[round(v, 4) for v in stats['entropy'].tolist()],
-        query_norm=[round(v, 4) for v in stats['query_norm'].tolist()]), indent=1) + '\n')
+        about, readers=stats['readers'], entries=stats['entries'],
+        matrix=[rounded(row) for row in stats['matrix'].tolist()],
+        entropy=rounded(stats['entropy'].tolist()), query_norm=rounded(stats['query_norm'].tolist())), indent=1) + '\n')
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:

@@ -83,6 +83,6 @@ def test_each_is_the_file_its_record_measured_and_the_readme_reports(name):
     top1 = record['test_top1']
     readme = (ROOT / 'README.md').read_text().splitlines()
     models_row = next(line for line in readme if line.startswith(f'| `{name}` |'))
-    assert f"| {top1['shipped_bf16']:.2f} % |" in models_row and f"| {path.stat().st_size / 1e6:.1f} MB |" in models_row
+    assert f"| {top1['shipped_bf16']:.2f} % |" in models_row and f"| {record['bytes'] / 1e6:.1f} MB |" in models_row
     results_row = next(line for line in readme if line.startswith(f'| `{arch}` | ') and ' % |' in line)
     assert f"| {top1['checkpoint_fp32']:.2f} %, {top1['shipped_bf16']:.2f} % |" in results_row
