@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 CIFAR10_SAMPLE = ROOT / 'data' / 'cifar10-mini-jpeg.tar.gz'  # 100 train and 20 test JPEGs of every class
 
 

@@ -9,6 +9,8 @@ import torch
 from safetensors.torch import load_file
 from torch.overrides import TorchFunctionMode
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+
 
 class ShapeRecorder(TorchFunctionMode):
     """Records the shape of every tensor that torch functions return while active."""

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 BUILD_BACKEND = ('hatchling', 'editables')  # pyproject.toml's build backend, and what its editable installs need
 
 PROBE = """

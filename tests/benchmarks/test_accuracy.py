@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 
-ROOT = Path(__file__).resolve().parents[2]
 MODERN = ROOT / 'timm_hbf' / 'recipes' / 'cifar10' / 'modern.yaml'
 
 FAKE_TRAIN = '''

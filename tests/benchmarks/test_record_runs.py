@@ -6,9 +6,7 @@ import pytest
 import yaml
 from timm.utils import update_summary
 
-from tests.helpers import load_module
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT, load_module
 
 
 def train_log(epochs: int, batch_s: float, test_batch_s: float) -> str:

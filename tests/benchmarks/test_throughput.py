@@ -3,15 +3,13 @@ layer beside timm's, timed in one run, with the memory of a step measured in fre
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import timm
 import torch
 
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ('--batch-size', '2', '--warmup', '1', '--steps', '1', '--rounds', '2', '--threads', '1')
 
 

@@ -1,14 +1,13 @@
 """Loading an example script as a module, with its folder on ``sys.path`` for the neighbours it imports."""
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator
 
 import pytest
 
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 
-EXAMPLES = Path(__file__).resolve().parents[2] / 'examples'
+EXAMPLES = ROOT / 'examples'
 
 
 @pytest.fixture

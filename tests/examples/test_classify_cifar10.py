@@ -8,10 +8,9 @@ import torch
 import yaml
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 from timm_hbf.hub import read_train_output, write_repo_folder
 
-ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck']
 
 

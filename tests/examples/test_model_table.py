@@ -1,14 +1,12 @@
 """examples/model_table.py on the repository's CIFAR-10 sample: every model of ours gets a sensible row."""
 import re
-from pathlib import Path
 
 import pytest
 import timm
 import torch
 
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / 'examples' / 'model_table.py'
 ROW = re.compile(r'^\| `(\w+)` \| ([\d.]+) \| ([\d.]+) \| (\d+x\d+) \|(?: ([\d.]+) \| ([\d.]+) \|)?$')
 

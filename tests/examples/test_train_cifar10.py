@@ -1,7 +1,6 @@
 """examples/train_cifar10.py on the repository's CIFAR-10 sample, with a tiny budget: it trains, saves a checkpoint
 that ``timm.create_model(..., checkpoint_path=...)`` loads, and prints the accuracy of that loaded model."""
 import re
-from pathlib import Path
 
 import pytest
 import timm
@@ -10,9 +9,8 @@ from timm.data import create_dataset, create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Subset
 
 import timm_hbf  # noqa: F401  (registers the models)
-from tests.helpers import load_module
+from tests.helpers import ROOT, load_module
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / 'examples' / 'train_cifar10.py'
 MODELS = ['vit_hyperbf_tiny', 'vit_qimia_tiny']
 

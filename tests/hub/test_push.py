@@ -159,6 +159,9 @@ def test_dry_run_in_bfloat16_halves_the_weights_but_the_kernel_widths_and_timm_l
     weights = load_file(half / 'model.safetensors')
     float32 = {name for name, t in weights.items() if t.dtype != torch.bfloat16}
     assert float32 and all(name.endswith('.log_gamma') and weights[name].dtype == torch.float32 for name in float32)
+    exact_weights = load_file(full / 'model.safetensors')
+    assert all(torch.equal(weights[name], exact_weights[name]) for name in float32)  # the widths as trained, unrounded
+    assert any(not torch.equal(exact_weights[name], exact_weights[name].bfloat16().float()) for name in float32)
     assert (half / 'model.safetensors').stat().st_size < 0.51 * (full / 'model.safetensors').stat().st_size
 
     model = timm.create_model(f'local-dir:{half}', pretrained=True).eval()

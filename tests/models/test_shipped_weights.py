@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
 import timm_hbf
+from tests.helpers import ROOT
 
 WEIGHTS = Path(timm_hbf.__file__).parent / 'weights'
-ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / 'benchmarks' / 'results' / 'cifar10_short_cpu'  # weights_MODEL.json: file, checksum, validate.py
 # MODEL.TAG: how many of the sample's 200 test images the weights classify correctly (counted when they were made,
 # with examples/classify_cifar10.py; float32 model, timm's eval transform)

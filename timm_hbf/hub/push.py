@@ -16,12 +16,25 @@ from .errors import HubError, hub_errors
 from .model_card import CURVES_FILE, model_card, plot_training_curves
 from .train_output import TrainOutput
 
-__all__ = ['push_to_hub', 'write_repo_folder']
+__all__ = ['FLOAT32_PARAM_NAMES', 'push_to_hub', 'to_storage_dtype', 'write_repo_folder']
 
-# Kept in float32 whatever ``dtype``: the kernel widths are exponents (gamma = exp(log_gamma) scales squared
-# distances), and rounding log_gamma to bf16 moves gamma by up to about 1 %, which flipped 0.85 % of the CIFAR-10 test
-# predictions of a vit_hyperbf_tiny (0.15 % with the widths in float32); they are a few thousand numbers.
+# Kept in float32 whatever the file's dtype: the kernel widths are exponents (gamma = exp(log_gamma) scales squared
+# distances), rounding log_gamma to bf16 moves gamma by up to about 1 %, and they are few (9,252 in a tiny model).
+# What each choice does to a trained model's test predictions: docs/hyperbf.md.
 FLOAT32_PARAM_NAMES = ('log_gamma',)
+
+
+def to_storage_dtype(model: torch.nn.Module, dtype: torch.dtype,
+                     keep_float32: Sequence[str] = FLOAT32_PARAM_NAMES) -> torch.nn.Module:
+    """Cast ``model`` in place to ``dtype``, the dtype its weights file is written in, but for the parameters whose
+    last name is in ``keep_float32`` (the kernel widths), which stay float32 with the values they had."""
+    kept = {name: param.detach().float().clone() for name, param in model.named_parameters()
+            if name.rsplit('.', 1)[-1] in keep_float32}
+    model.to(dtype)
+    for name, param in model.named_parameters():
+        if name in kept:
+            param.data = kept[name]
+    return model
 
 
 def write_repo_folder(
@@ -54,10 +67,7 @@ def write_repo_folder(
         raise HubError(f'{folder} already exists: name a new folder.')
     model = train.create_model()
     if dtype is not None:
-        model.to(dtype)
-        for name, param in model.named_parameters():
-            if name.rsplit('.', 1)[-1] in FLOAT32_PARAM_NAMES:
-                param.data = param.data.float()
+        to_storage_dtype(model, dtype)
     if label_names is not None and len(label_names) != model.num_classes:
         raise HubError(f'{len(label_names)} label names for the {model.num_classes} classes of {train.checkpoint}.')
     # The preprocessing of train.py's evaluation; no tag and no class names: the registry's describe its own weights,
