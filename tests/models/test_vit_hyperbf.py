@@ -151,6 +151,11 @@ def test_dynamic_img_size_and_set_input_size():
     model = small(dynamic_img_size=True).eval()
     for size in (32, 40, 64):
         assert model(images(size=size)).shape == (2, 10)
+    x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))  # a non-square grid
+    static, dynamic = small(img_size=(32, 48)).eval(), small(img_size=(32, 48), dynamic_img_size=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(dynamic(x), static(x), rtol=0, atol=0)
+        assert dynamic(torch.randn(2, 3, 48, 32)).shape == (2, 10)
     model = small().eval()
     model.set_input_size(img_size=48)
     assert model.pos_embed.shape == (1, 1 + 144, 192)

@@ -558,6 +558,26 @@ def test_checkpoints_of_timm_hbf_0_1_load_and_give_their_logits(case):
         torch.testing.assert_close(model(x), logits, rtol=0, atol=1e-5)
 
 
+def test_dynamic_img_size_on_square_and_non_square_grids():
+    """With ``dynamic_img_size`` the position embedding is resampled from the model's own grid, square or not: at the
+    model's size it is the static model; other sizes run."""
+    for img_size in (32, (32, 48)):
+        height, width = (img_size, img_size) if isinstance(img_size, int) else img_size
+        x = torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(0))
+        static, dynamic = small(img_size=img_size).eval(), small(img_size=img_size, dynamic_img_size=True).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(dynamic(x), static(x), rtol=0, atol=0)
+            for size in ((40, 40), (48, 32)):
+                assert dynamic(torch.randn(2, 3, *size)).shape == (2, 10)
+
+
+def test_set_input_size_resamples_the_position_embedding():
+    model = small().eval()
+    model.set_input_size(img_size=(32, 48))
+    assert model.pos_embed.shape == (1, 1 + 8 * 12, 192)
+    assert model(torch.randn(2, 3, 32, 48)).shape == (2, 10)
+
+
 def test_the_checkpoint_filter_resamples_position_and_patch_embeddings_to_the_model():
     trained = small(depth=1)
     model = small(depth=1, img_size=64, patch_size=8)

@@ -395,7 +395,8 @@ class VisionTransformerQimia(nn.Module):
         pos_embed = self.pos_embed
         if self.dynamic_img_size:
             B, H, W, C = tokens.shape
-            pos_embed = resample_abs_pos_embed(pos_embed, new_size=[H, W], num_prefix_tokens=self.num_prefix_tokens)
+            pos_embed = resample_abs_pos_embed(pos_embed, new_size=[H, W], old_size=self.patch_embed.grid_size,
+                                               num_prefix_tokens=self.num_prefix_tokens)
             tokens = tokens.view(B, -1, C)
         if self.cls_token is not None:  # in the tokens' dtype, so that the entry's dtype does not depend on it
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
