@@ -70,7 +70,8 @@ def test_architecture_and_paper(card):
 def test_recipe_from_args_yaml(card, train_run, cifar10_sample):
     args = yaml.safe_load((train_run / 'args.yaml').read_text())
     recipe = section(card, 'Training recipe')
-    for key in ('model_kwargs', 'epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'model_ema'):
+    for key in ('model_kwargs', 'epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'model_ema',
+                'warmup_epochs', 'seed'):  # zero is a value: warmup_epochs 0, seed 0
         assert f'| {key} | `{args[key]}` |' in recipe
     published = yaml.safe_load(recipe.split('```yaml\n')[1].split('```')[0])
     assert published == {k: v for k, v in args.items() if k not in ('data_dir', 'output')}
@@ -98,6 +99,25 @@ def test_results_show_the_last_epoch_when_the_weights_are_older(train_run):
     assert results_row('these weights', train.summary[0]) in results
     assert results_row('last epoch', train.summary[-1]) in results
     assert 'and train.py evaluated those: the weights pushed here.' in results
+
+
+def test_ema_weights_kept_on_the_cpu_were_not_evaluated(train_run):
+    """train.py --model-ema-force-cpu evaluates the plain weights only: the card says whose metrics it shows."""
+    plain = read_train_output(train_run)
+    for train, pushed in ((plain, 'the weights pushed here.'), (read_train_output(train_run, ema=True),
+                                                                 'not of the EMA weights pushed here.')):
+        train = dataclasses.replace(train, args=dict(train.args, model_ema_force_cpu=True))
+        results = section(model_card(REPO_ID, train.create_model(), train), 'Results')
+        assert ('which train.py does not evaluate: the metrics are those of the plain weights, ' + pushed) in results
+        assert 'train.py evaluated those' not in results
+
+
+def test_usage_snippet_asks_for_at_most_as_many_classes_as_the_model_has(train_run):
+    train = read_train_output(train_run)
+    assert '.topk(5)' in section(model_card(REPO_ID, train.create_model(), train), 'Usage')
+    model = train.create_model()
+    model.reset_classifier(3)
+    assert '.topk(3)' in section(model_card(REPO_ID, model, train), 'Usage')
 
 
 def test_training_curves_image(repo_folder):

@@ -171,6 +171,15 @@ def test_weights_of_another_architecture_or_shape(hub_cache, hub, repo_folder, a
         create_model_from_hub(f'pull/{architecture}-{model_args["depth"]}')
 
 
+def test_arguments_that_change_the_model_are_named_with_the_fix(hub_cache, published):
+    """Not the repo's fault: the error says what the arguments changed and how to load the weights."""
+    repo, _ = published
+    given = re.escape("(the model arguments given: {'global_pool': 'avg'})")
+    with pytest.raises(HubError, match=f'pass fc_norm=False .*{given}'):
+        create_model_from_hub(repo, global_pool='avg')
+    assert create_model_from_hub(repo, global_pool='avg', fc_norm=False).global_pool == 'avg'
+
+
 def test_pickled_code_in_weights_never_runs(hub_cache, hub, repo_folder, tmp_path, monkeypatch):
     mark = tmp_path / 'payload-ran'
     monkeypatch.setenv('PAYLOAD_MARK', str(mark))

@@ -9,7 +9,7 @@ import safetensors.torch
 import torch
 import yaml
 
-from timm_hbf.hub import HubError, read_train_output
+from timm_hbf.hub import HubError, read_summary, read_train_output
 
 
 def load_checkpoint(path):
@@ -46,6 +46,15 @@ def test_a_resumed_runs_summary_has_one_row_per_epoch_the_last_of_each(train_run
     summary = read_train_output(run).summary
     assert [row['epoch'] for row in summary] == [0, 1, 2, 3]
     assert summary[2]['train_loss'] == float('1' + rows[2].split(',')[1])  # the row written after the resume
+
+
+def test_a_run_resumed_from_an_older_checkpoint_drops_the_abandoned_epochs(tmp_path):
+    """Resumed at epoch 1 from an older checkpoint and stopped after epoch 2: the first run's epochs 1-3 are gone,
+    not only those the resumed run wrote again."""
+    path = tmp_path / 'summary.csv'
+    header = 'epoch,train_loss,eval_top1'
+    path.write_text('\n'.join([header, '0,1,10', '1,1,20', '2,1,30', '3,1,90', header, '1,2,21', '2,2,31']) + '\n')
+    assert [tuple(row.values()) for row in read_summary(path)] == [(0, 1., 10.), (1, 2., 21.), (2, 2., 31.)]
 
 
 def test_folder_without_best_checkpoint_stands_for_the_last(train_run, tmp_path):

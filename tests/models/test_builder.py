@@ -21,6 +21,7 @@ from timm_hbf.models import PretrainedWeightsError, VisionTransformerHyperBF, Vi
 from timm_hbf.models._builder import build_model, read_checkpoint
 
 HYPERBF, QIMIA, UNTRAINED = 'buildertest_hyperbf', 'buildertest_qimia', 'buildertest_untrained'
+LABELS = tuple(f'class {i}' for i in range(10))  # the class names of the shipped tags' weights
 ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 
 
@@ -56,7 +57,7 @@ def shipped(tmp_path_factory) -> Dict[str, Path]:
     module = sys.modules[__name__]
     # timm reads the cfgs of a model from its module when the model registers
     module.default_cfgs = generate_default_cfgs({
-        **{f'{name}.shipped': _cfg(file=str(file)) for name, file in files.items()},
+        **{f'{name}.shipped': _cfg(file=str(file), label_names=LABELS) for name, file in files.items()},
         f'{HYPERBF}.missing': _cfg(file=str(folder / 'not-installed.safetensors')),
         f'{HYPERBF}.untrained': _cfg(),
         f'{UNTRAINED}.untrained': _cfg(),
@@ -143,6 +144,22 @@ def test_train_py_pretrained_path_loads_all_but_the_head(shipped):
     model = timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=4)
     assert model.num_classes == 4
     assert_loaded(model, load_file(shipped[HYPERBF]), but=('head.weight', 'head.bias'))
+
+
+def test_the_tags_class_names_go_with_its_weights_only(shipped, tmp_path):
+    """A tag's class names (which timm's inference.py prints) describe its weights: a model with another number of
+    classes, or given weights of one's own without names, has none."""
+    def names(**kwargs):
+        names = timm.create_model(HYPERBF, **kwargs).pretrained_cfg.get('label_names')
+        return None if names is None else tuple(names)
+
+    assert names(pretrained=True) == names() == LABELS
+    assert names(pretrained=True, num_classes=5) is None and names(num_classes=5) is None
+    own = tmp_path / 'own.safetensors'
+    save_file(weights(HYPERBF), own)
+    assert names(pretrained=True, pretrained_cfg_overlay=dict(file=str(own))) is None
+    assert names(pretrained=True, pretrained_cfg_overlay=dict(file=str(own), label_names=tuple('abcdefghij'))) == \
+        tuple('abcdefghij')
 
 
 # --- tags -----------------------------------------------------------------------------------------------------------

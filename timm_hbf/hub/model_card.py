@@ -57,7 +57,7 @@ def model_card(
         f'# Model card for {repo_id}',
         f'A `{train.arch}` image classifier trained with timm\'s `train.py` and pushed with timm-hbf, which '
         'registers HyperBF and QIMIA Vision Transformers with [timm](https://github.com/huggingface/pytorch-image-models).',
-        _usage(repo_id, label_names),
+        _usage(repo_id, label_names, model.num_classes),
         _details(train, model, label_names),
         _recipe(train.args),
         _results(train),
@@ -98,9 +98,9 @@ def plot_training_curves(summary: List[Dict[str, float]], path: Path, title: str
     fig.savefig(path, format='png', metadata={'Software': None})
 
 
-def _usage(repo_id: str, label_names: Optional[Sequence[str]]) -> str:
+def _usage(repo_id: str, label_names: Optional[Sequence[str]], num_classes: int) -> str:
     labels = ("\nlabels = model.pretrained_cfg['label_names']\n"
-              "print([(labels[i], p.item()) for p, i in zip(*top5)])") if label_names else '\nprint(top5)'
+              "print([(labels[i], p.item()) for p, i in zip(*top)])") if label_names else '\nprint(top)'
     return f'''## Usage
 
 ```bash
@@ -118,7 +118,7 @@ transform = timm.data.create_transform(**timm.data.resolve_model_data_config(mod
 
 image = Image.open('image.jpg').convert('RGB')
 with torch.no_grad():
-    top5 = model(transform(image).unsqueeze(0)).softmax(-1)[0].topk(5){labels}
+    top = model(transform(image).unsqueeze(0)).softmax(-1)[0].topk({min(5, num_classes)}){labels}
 ```
 
 Fine-tune on other data with `timm.create_model('hf-hub:{repo_id}', pretrained=True, num_classes=N)`
@@ -153,7 +153,7 @@ def _details(train: TrainOutput, model: nn.Module, label_names: Optional[Sequenc
 def _recipe(args: Dict[str, Any]) -> str:
     if not args:
         return ''
-    rows = [f'| {k} | `{args[k]}` |' for k in RECIPE_KEYS if args.get(k) not in (None, False, '', {})]
+    rows = [f'| {k} | `{args[k]}` |' for k in RECIPE_KEYS if not _unset(args.get(k))]
     published = {k: v for k, v in args.items() if k not in LOCAL_PATH_KEYS}
     return '\n'.join([
         '## Training recipe',
@@ -198,9 +198,18 @@ def _results(train: TrainOutput) -> str:
     return '\n'.join(lines)
 
 
+def _unset(value: Any) -> bool:
+    """An argument left at nothing or off (``0`` is a value: a seed, no weight decay)."""
+    return value is None or value is False or (isinstance(value, (str, dict)) and not value)
+
+
 def _ema_note(train: TrainOutput) -> str:
     if not train.args.get('model_ema'):
         return ''
+    if train.args.get('model_ema_force_cpu'):  # train.py does not evaluate EMA weights kept on the CPU
+        pushed = 'not of the EMA weights pushed here' if train.ema else 'the weights pushed here'
+        return (' The run kept EMA weights on the CPU (`--model-ema-force-cpu`), which train.py does not evaluate: '
+                f'the metrics are those of the plain weights, {pushed}.')
     pushed = 'the weights pushed here' if train.ema else 'push with `--ema` to publish those'
     return f' The run kept EMA weights (`--model-ema`), and train.py evaluated those: {pushed}.'
 

@@ -14,7 +14,7 @@ from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 from torch import nn
 
-from ..models._builder import WeightsFileError, read_checkpoint
+from ..models._builder import PretrainedWeightsError, WeightsFileError, read_checkpoint
 from .errors import HubError, hub_errors
 
 __all__ = ['create_model_from_hub']
@@ -51,6 +51,8 @@ def create_model_from_hub(repo: str, pretrained: bool = True, **kwargs) -> nn.Mo
     try:
         return timm.create_model(f'hf-hub:{repo_id}@{commit}', pretrained=pretrained, **kwargs)
     except RuntimeError as e:
+        if kwargs and isinstance(e, PretrainedWeightsError):  # the arguments given here changed the model: it says how
+            raise HubError(f'{e} (the model arguments given: {kwargs})') from e
         lines = [line.strip() for line in str(e).splitlines()]
         detail = ' '.join(lines[:2]) + (f' ... ({len(lines) - 2} more)' if len(lines) > 2 else '')
         raise HubError(

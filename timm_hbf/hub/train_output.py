@@ -132,15 +132,23 @@ def _read_args(path: Path, stored: Optional[argparse.Namespace]) -> Dict[str, An
 
 def read_summary(path: Union[str, Path]) -> List[Dict[str, float]]:
     """train.py's ``summary.csv``: one dict of numbers per epoch (``epoch`` an int). A resumed run writes the header
-    again and may train an epoch again: the header is skipped and an epoch keeps its last row. Raises ``ValueError``
-    naming the line where a row is not numbers (and ``OSError`` where the file cannot be read)."""
-    rows = []
+    again and goes on from the epoch of its checkpoint, which may be older than the last row: the rows of that epoch
+    and later ones before the header are dropped, and an epoch keeps its last row. Raises ``ValueError`` naming the
+    line where a row is not numbers (and ``OSError`` where the file cannot be read)."""
+    rows: List[Dict[str, float]] = []
+    resumed = False
     with Path(path).open(newline='') as f:
         reader = csv.DictReader(f)
         try:
             for row in reader:
-                if row.get('epoch') != 'epoch':
-                    rows.append({k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''})
+                if row.get('epoch') == 'epoch':
+                    resumed = True
+                    continue
+                values = {k: int(v) if k == 'epoch' else float(v) for k, v in row.items() if v != ''}
+                if resumed and 'epoch' in values:
+                    rows = [kept for kept in rows if kept.get('epoch', -1) < values['epoch']]
+                resumed = False
+                rows.append(values)
         except (ValueError, TypeError) as e:  # a value that is no number, a row cut short or too long
             raise ValueError(f'line {reader.line_num} is not a row of numbers ({e})') from e
     return list({row.get('epoch', i): row for i, row in enumerate(rows)}.values())

@@ -80,10 +80,13 @@ def build_model(
     if isinstance(pretrained_cfg, str):
         _check_tag(variant, pretrained_cfg)
     overlay = dict(pretrained_cfg_overlay or {})
+    own_file = 'file' in overlay and 'label_names' not in overlay
     if not pretrained:
-        return build_model_with_cfg(
+        model = build_model_with_cfg(
             model_cls, variant, False, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
             pretrained_filter_fn=pretrained_filter_fn, pretrained_strict=pretrained_strict, **kwargs)
+        _drop_foreign_class_names(model, own_file)
+        return model
 
     cfg = resolve_pretrained_cfg(variant, pretrained_cfg, dict(overlay))
     location, trained_as = _weights_location(cfg, variant), None
@@ -132,7 +135,20 @@ def build_model(
     for module in model.modules():  # the model and, with features_only, the model it wraps: keep no copy of weights
         if isinstance(getattr(module, 'pretrained_cfg', None), dict):
             module.pretrained_cfg.pop('state_dict', None)
+    _drop_foreign_class_names(model, own_file)
     return model
+
+
+def _drop_foreign_class_names(model: nn.Module, own_file: bool) -> None:
+    """The tag's class names (``label_names``, ``label_descriptions``) describe the tag's weights: a model with another
+    number of classes, or one given a weights file of its own without names, keeps none, so that timm's inference.py
+    does not name another head's classes with them."""
+    for module in model.modules():
+        cfg = getattr(module, 'pretrained_cfg', None)
+        if not isinstance(cfg, dict) or cfg.get('label_names') is None:
+            continue
+        if own_file or getattr(module, 'num_classes', len(cfg['label_names'])) != len(cfg['label_names']):
+            cfg['label_names'] = cfg['label_descriptions'] = None
 
 
 def build_vit(model_cls: Type[ModelT], variant: str, pretrained: bool, filter_fn: Callable, **kwargs) -> ModelT:
