@@ -7,6 +7,7 @@ import sys
 from typing import List, Optional
 
 import torch
+from timm.utils import ParseKwargs
 
 from .hub import HubError, push_to_hub, read_train_output, write_repo_folder
 
@@ -42,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="train.py output folder (its model_best.pth.tar, else last.pth.tar) or checkpoint file")
     push.add_argument('--repo-id', required=True, type=_repo_id, metavar='ORG/NAME', help='the model repo')
     push.add_argument('--model', metavar='NAME', help='architecture, when neither checkpoint nor args.yaml names it')
+    push.add_argument('--model-kwargs', nargs='*', action=ParseKwargs, metavar='KEY=VALUE',
+                      help="model arguments the weights were trained with (train.py's --model-kwargs), in place of "
+                           "args.yaml's: for a bare state dict, whose arguments nothing records")
     push.add_argument('--ema', action='store_true', help="push the EMA weights (train.py's --model-ema)")
     push.add_argument('--label-names', nargs='+', metavar='NAME', help='class names in classifier order')
     push.add_argument('--private', action='store_true', help='create the repo private')
@@ -65,7 +69,7 @@ def _repo_id(value: str) -> str:
 
 
 def _push(args: argparse.Namespace) -> int:
-    train = read_train_output(args.checkpoint, model_name=args.model, ema=args.ema)
+    train = read_train_output(args.checkpoint, model_name=args.model, ema=args.ema, model_kwargs=args.model_kwargs)
     dtype = DTYPES[args.dtype] if args.dtype else None
     if args.dry_run:
         folder = write_repo_folder(train, args.dry_run, args.repo_id, args.label_names, args.pytorch_bin, dtype)

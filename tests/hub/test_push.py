@@ -176,6 +176,23 @@ def test_dry_run_in_bfloat16_halves_the_weights_but_the_kernel_widths_and_timm_l
     torch.testing.assert_close(logits, exact_logits, atol=0.05 * exact_logits.abs().max().item(), rtol=0.05)  # ... only
 
 
+def test_a_bare_state_dict_pushes_with_the_model_arguments_given(tmp_path):
+    """Nothing records a bare state dict's model arguments, and some change no shape (the kernel): --model-kwargs
+    names them, as train.py's does, and the pushed model computes what the trained one did."""
+    torch.manual_seed(0)
+    trained = timm.create_model(HYPERBF, depth=2, img_size=32, patch_size=4, num_classes=10, kernel='laplacian').eval()
+    save_file(trained.state_dict(), tmp_path / 'weights.safetensors')
+    folder = tmp_path / 'repo'
+    assert main(['push', str(tmp_path / 'weights.safetensors'), '--repo-id', 'push/bare', '--model', HYPERBF,
+                 '--model-kwargs', 'depth=2', 'img_size=32', 'patch_size=4', 'kernel=laplacian',
+                 '--dry-run', str(folder)]) == 0
+    assert json.loads((folder / 'config.json').read_text())['model_args']['kernel'] == 'laplacian'
+    pushed = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(pushed(x), trained(x))
+
+
 def test_private_repo(logged_in, fresh_hub, train_run):
     assert main(['push', str(train_run), '--repo-id', 'push/private', '--private']) == 0
     assert fresh_hub.repos['push/private'].private

@@ -61,7 +61,8 @@ class TrainOutput:
         return model.eval()
 
 
-def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, ema: bool = False) -> TrainOutput:
+def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, ema: bool = False,
+                      model_kwargs: Optional[Dict[str, Any]] = None) -> TrainOutput:
     """Read a train.py checkpoint and the ``args.yaml`` and ``summary.csv`` beside it.
 
     Args:
@@ -69,6 +70,8 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
             output folder, which stands for its ``model_best.pth.tar`` (else ``last.pth.tar``).
         model_name: The architecture, when neither the checkpoint nor ``args.yaml`` names it.
         ema: Take the EMA weights train.py keeps with ``--model-ema``.
+        model_kwargs: The model arguments the weights were trained with (train.py's ``--model-kwargs``), in place of
+            those of ``args.yaml``: for a bare state dict, whose arguments nothing records.
     """
     checkpoint = _find_checkpoint(Path(path))
     try:
@@ -91,7 +94,8 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
     return TrainOutput(
         checkpoint=checkpoint,
         arch=arch,
-        model_kwargs=_model_kwargs(arch, args, state_dict),
+        model_kwargs=_model_kwargs(arch, args if model_kwargs is None else dict(args, model_kwargs=model_kwargs),
+                                   state_dict),
         state_dict=state_dict,
         ema=ema,
         epoch=content.get('epoch') if is_train_checkpoint else None,
