@@ -138,6 +138,20 @@ def test_own_weights_load_with_their_number_of_classes_unless_another_is_asked(s
     assert_loaded(model, state_dict, but=('head.weight', 'head.bias'))
 
 
+@pytest.mark.parametrize('name', [HYPERBF, QIMIA])
+def test_own_weights_load_with_their_input_channels_unless_others_are_asked(shipped, tmp_path, name):
+    state_dict = weights(name, in_chans=1)
+    torch.save(state_dict, tmp_path / 'gray.pth')
+    overlay = dict(file=str(tmp_path / 'gray.pth'))
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
+    assert model.patch_embed.proj.in_channels == 1 and model.pretrained_cfg['input_size'][0] == 1
+    assert_loaded(model, state_dict)
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, in_chans=3)  # timm adapts
+    stem = state_dict['patch_embed.proj.weight']
+    torch.testing.assert_close(model.patch_embed.proj.weight, stem.repeat(1, 3, 1, 1) / 3)
+    assert_loaded(model, state_dict, but=('patch_embed.proj.weight',))
+
+
 def test_train_py_pretrained_path_loads_all_but_the_head(shipped):
     """train.py --pretrained --pretrained-path FILE --num-classes 4: its overlay forces a new head."""
     overlay = dict(file=str(shipped[HYPERBF]), num_classes=-1)

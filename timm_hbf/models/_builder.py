@@ -73,8 +73,9 @@ def build_model(
 
     A tag that does not exist, or ``pretrained=True`` where the tag has no weights, raises naming the tags there are.
     A local weights file (the cfg's ``file``) is read here, weights only, and any fault of it raises naming the file;
-    its classifier gives the number of classes of the weights, so a checkpoint of another number of classes loads
-    with its head, and a ``num_classes`` that differs resets the head as for timm's own weights. Weights of any source
+    its classifier gives the number of classes of the weights and its stem their input channels, so a checkpoint of
+    another number of classes or channels loads as it is, and a ``num_classes`` or ``in_chans`` that differs resets
+    the head or adapts the stem as for timm's own weights. Weights of any source
     that do not fit the model raise naming what differs. All raise :class:`PretrainedWeightsError`.
     """
     if isinstance(pretrained_cfg, str):
@@ -106,6 +107,9 @@ def build_model(
         head = state_dict.get(f'{cfg.classifier}.weight') if isinstance(cfg.classifier, str) else None
         if head is not None:
             overlay.setdefault('num_classes', head.shape[0])
+        stem = state_dict.get(f'{cfg.first_conv}.weight') if isinstance(cfg.first_conv, str) else None
+        if stem is not None and stem.ndim == 4 and cfg.input_size is not None:  # the weights' input channels
+            overlay.setdefault('input_size', (stem.shape[1], *cfg.input_size[1:]))
 
     def filter_and_check(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, Any]:
         """The model's own filter, then the check that the weights fit, apart from what timm adapts: the input
