@@ -2,7 +2,7 @@
 as a heatmap, from ``timm_hbf.models.vit_qimia.depth_attention_stats``.
 
     python examples/depth_attention_heatmap.py --model vit_qimia_tiny --pretrained --out heatmap.png
-    python examples/depth_attention_heatmap.py --checkpoint output/train_cifar10/model_best.pth.tar \\
+    python examples/depth_attention_heatmap.py --checkpoint output/train_cifar10/vit_qimia_tiny/last.pth.tar \\
         --model vit_qimia_tiny --out heatmap.png
 
 Rows are the reads (every sublayer, then the output read), columns the memory entries (the embedding's, then what

@@ -88,13 +88,15 @@ def test_an_environment_variable_turns_it_off(wheel):
     assert (proc.returncode, proc.stdout.strip()) == (0, 'False')
 
 
-def test_a_failure_in_the_hook_only_warns(wheel, tmp_path):
+@pytest.mark.parametrize('warnings', ['', 'error'])
+def test_a_failure_in_the_hook_only_warns(wheel, tmp_path, warnings):
+    """Even where warnings are errors (python -W error, PYTHONWARNINGS=error): ``import timm`` keeps working."""
     broken = tmp_path / 'timm_hbf'
     broken.mkdir()
     (broken / '__init__.py').write_text("raise RuntimeError('broken install')\n")
     proc = python(wheel, "import timm; print(timm.list_models('resnet18'), timm.is_model('vit_hyperbf_tiny'))",
-                  PYTHONPATH=str(tmp_path))
-    assert (proc.returncode, proc.stdout.strip()) == (0, "['resnet18'] False")
+                  PYTHONPATH=str(tmp_path), PYTHONWARNINGS=warnings)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "['resnet18'] False"), proc.stderr
     assert 'RuntimeWarning: timm_hbf could not register its models with timm (RuntimeError: broken install)' \
         in proc.stderr
     assert 'TIMM_HBF_NO_AUTOLOAD=1' in proc.stderr

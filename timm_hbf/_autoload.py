@@ -55,11 +55,13 @@ class RegisteringLoader:
             import timm_hbf  # noqa: F401  (registers the models)
         except Exception as e:
             import warnings
-            warnings.warn(
-                f'timm_hbf could not register its models with timm ({type(e).__name__}: {e}). timm works without '
-                f'them; `import timm_hbf` shows the full error, and {ENV_VAR}=1 turns this hook off.',
-                RuntimeWarning,
-            )
+            with warnings.catch_warnings():  # shown, never raised (-W error): `import timm` must not fail here
+                warnings.simplefilter('default', RuntimeWarning)
+                warnings.warn(
+                    f'timm_hbf could not register its models with timm ({type(e).__name__}: {e}). timm works without '
+                    f'them; `import timm_hbf` shows the full error, and {ENV_VAR}=1 turns this hook off.',
+                    RuntimeWarning,
+                )
 
 
 def install() -> None:

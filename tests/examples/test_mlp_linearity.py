@@ -33,5 +33,7 @@ def test_timms_vit_and_a_model_without_mlps(linearity_script, cifar10_sample):
     stats = linearity_script.main(['--model', 'vit_tiny_patch16_224', '--model-kwargs', 'depth=1', 'img_size=32',
                                    'patch_size=4', '--img-size', '32', '--data', str(cifar10_sample), '--images', '20'])
     assert len(stats['r2']) == 1 and stats['unit_spread'] == []
-    with pytest.raises(SystemExit, match='resnet18 has no blocks with an mlp'):
-        linearity_script.main(['--model', 'resnet18', '--data', str(cifar10_sample)])
+    # no blocks; blocks whose MLPs read and write a memory of entries
+    for model in (['resnet18'], ['vit_qimia_tiny', '--model-kwargs', 'depth=1']):
+        with pytest.raises(SystemExit, match=f'{model[0]} has no blocks whose MLP maps tokens to tokens'):
+            linearity_script.main(['--model', *model, '--data', str(cifar10_sample), '--images', '20'])
