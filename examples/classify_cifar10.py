@@ -59,6 +59,15 @@ def predict(model: torch.nn.Module, folder: Path, batch_size: int = 250) -> Dict
     return dict(labels=torch.cat(labels), predictions=torch.cat(predictions), files=dataset.filenames())
 
 
+def check_classes(name: str, model: torch.nn.Module, classes: Sequence[str]) -> None:
+    """The model must classify the data's classes, in their order (where its pretrained cfg names its classes)."""
+    names = model.pretrained_cfg.get('label_names')
+    if model.num_classes != len(classes) or (names is not None and list(names) != list(classes)):
+        described = f'the classes {list(names)}' if names is not None else f'{model.num_classes} classes'
+        raise SystemExit(f'{name} predicts {described}, not the data\'s {list(classes)}: name a CIFAR-10 classifier '
+                         'with --models.')
+
+
 def confusion(labels: torch.Tensor, predictions: torch.Tensor, num_classes: int) -> torch.Tensor:
     """``(true, predicted)`` counts."""
     return torch.bincount(labels * num_classes + predictions, minlength=num_classes ** 2).view(num_classes, -1)
@@ -121,6 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
         for name in names:
             start = time.perf_counter()
             model = timm.create_model(name, pretrained=True).eval()
+            check_classes(name, model, classes)
             out = predict(model, folder)
             correct = out['predictions'] == out['labels']
             per_class = [100. * correct[out['labels'] == c].float().mean().item() for c in range(len(classes))]

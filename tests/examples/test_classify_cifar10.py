@@ -67,3 +67,16 @@ def test_an_extracted_folder_gives_the_counts_of_timms_own_loading_of_the_weight
 def test_data_without_a_test_split_is_named(tmp_path):
     with pytest.raises(SystemExit, match=f'--data {tmp_path}: expected a CIFAR-10 folder or .tar.gz archive'):
         load_script().main(['--models', 'vit_hyperbf_tiny', '--data', str(tmp_path), '--out', str(tmp_path)])
+
+
+def test_a_model_of_other_classes_is_refused_before_anything_is_written(cifar10_sample, tmp_path, monkeypatch):
+    script = load_script()
+    five = timm.create_model('vit_hyperbf_tiny', depth=1, num_classes=5)
+    reordered = timm.create_model('vit_hyperbf_tiny', depth=1)
+    reordered.pretrained_cfg = dict(reordered.pretrained_cfg, label_names=CLASSES[::-1])
+    for model, message in ((five, r"other predicts 5 classes, not the data's \['airplane', .*name a CIFAR-10"),
+                           (reordered, r"other predicts the classes \['truck', ")):
+        monkeypatch.setattr(timm, 'create_model', lambda name, pretrained, model=model: model)
+        with pytest.raises(SystemExit, match=message):
+            script.main(['--models', 'other', '--data', str(cifar10_sample), '--out', str(tmp_path / 'out')])
+    assert not (tmp_path / 'out').exists()
