@@ -22,12 +22,12 @@ deviation over seeds, the test accuracy's ratio to the baseline's) and ``accurac
         vit_qimia_tiny:sublayer_values=True vit_qimia_tiny:depth_num_heads=1 vit_qimia_tiny:memory_block_size=4 \\
         vit_attnres_tiny vit_attnres_block_tiny -- --epochs 3 --model-kwargs img_size=32 patch_size=4 depth=6
 
-``--scripts`` is a checkout of timm's git repository: train.py and validate.py are not installed with timm.
-Arguments after ``--`` go to train.py (``--epochs 10`` overrides the recipe's epochs; ``--device cpu`` without a GPU;
-``--model-kwargs`` replaces the recipe's). A model ``NAME:KEY=VALUE,...`` is a variant: its arguments go on top of
-every run's (the last command: the ablation of attention over depth, 6 layers of width 192). Run again, the command
-reads finished runs back and resumes interrupted ones from their ``last.pth.tar``; a run folder made by another
-command or data split (its ``run.json``) stops it.
+``--scripts`` is a checkout of timm's git repository: train.py and validate.py are not installed with timm. Arguments
+after ``--`` go to train.py, but for the data's, which are the script's to set (``--epochs 10`` overrides the recipe's
+epochs; ``--device cpu`` without a GPU; ``--model-kwargs`` replaces the recipe's). A model ``NAME:KEY=VALUE,...`` is a
+variant: its arguments go on top of every run's (the last command: the ablation of attention over depth, 6 layers of
+width 192). Run again, the command reads finished runs back and resumes interrupted ones from their ``last.pth.tar``;
+a run folder made by another command or data split (its ``run.json``) stops it.
 """
 import argparse
 import json
@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHORT_RECIPE = Path(timm_hbf.__file__).resolve().parent / 'recipes' / 'cifar10' / 'short.yaml'
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
 SCRIPT_ENV = dict(os.environ, PYTHONUNBUFFERED='1')  # the scripts' logs as they go
+SPLIT_ARGS = ('--data-dir', '--dataset', '--train-split', '--val-split')  # train.py's options this script sets
 
 
 def split_data(source: Path, test_split: str, dest: Path, val_per_class: int,
@@ -260,6 +261,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--out', default=str(ROOT / 'benchmarks' / 'results' / 'accuracy'))
     args = parser.parse_args(given[:split])
     args.train_args = given[split + 1:]
+    owned = [a for a in args.train_args if a.split('=', 1)[0] in SPLIT_ARGS]
+    if owned:
+        raise SystemExit(f'{" ".join(owned)} after --: the script splits the data itself (train/, val/ held out of '
+                         f'the training images, {args.test_split}/ measured once); give --data and --test-split.')
     for script in ('train.py', 'validate.py'):
         if not (Path(args.scripts) / script).is_file():
             raise SystemExit(f"--scripts {args.scripts}: no {script}. It is in timm's git repository: "

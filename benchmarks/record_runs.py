@@ -22,9 +22,10 @@ import yaml
 
 from timm_hbf.hub import read_summary
 
-# train.py's log lines of a training batch (index/batches, mean s per batch) and of a test batch (index/last index)
+# train.py's log lines of a training batch (index/batches, mean s per batch) and of a test batch (index/last index),
+# of the weights or, with --model-ema, of the EMA weights after them
 TRAIN_LINE = re.compile(r'^Train: (\d+) \[\s*(\d+)/(\d+) .*?Time: [\d.]+s, +[\d.]+/s +\(\s*([\d.]+)s,')
-TEST_LINE = re.compile(r'^Test: \[\s*(\d+)/(\d+)\]  Time: [\d.]+ \(\s*([\d.]+)\)')
+TEST_LINE = re.compile(r'^Test(?: \(EMA\))?: \[\s*(\d+)/(\d+)\]  Time: [\d.]+ \(\s*([\d.]+)\)')
 ARGS_KEPT = ('model', 'model_kwargs', 'epochs', 'batch_size', 'opt', 'lr', 'lr_base', 'lr_base_size', 'weight_decay',
              'sched', 'warmup_epochs', 'min_lr', 'smoothing', 'scale', 'hflip', 'color_jitter', 'aa', 'mixup', 'cutmix',
              'reprob', 'drop_path', 'model_ema', 'seed', 'amp', 'amp_dtype', 'torchcompile', 'device')
@@ -39,7 +40,8 @@ def cpu_model() -> str:
 
 def epoch_seconds(log: str) -> Dict[int, float]:
     """Seconds per epoch from train.py's log: the running mean batch time of an epoch's last logged batch, times its
-    batches, for training and for the test pass that follows it (a resumed epoch counts its last attempt)."""
+    batches, for training and for the test passes that follow it (with an EMA, two: the weights', the EMA's; a resumed
+    epoch counts its last attempt)."""
     seconds: Dict[int, float] = {}
     epoch = -1
     for line in log.splitlines():

@@ -61,7 +61,9 @@ def compare(variants: Dict[str, torch.nn.Module], loader: torch.utils.data.DataL
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('checkpoint', help="train.py checkpoint or output folder (with its args.yaml)")
+    parser.add_argument('checkpoint', type=Path,
+                        help='train.py checkpoint, or output folder: its last.pth.tar (a best checkpoint may have '
+                             'been chosen on the test split)')
     parser.add_argument('--model', help='the architecture, where neither the checkpoint nor args.yaml names it')
     parser.add_argument('--data', required=True, help='ImageFolder dataset')
     parser.add_argument('--split', default='test', help='the folder of --data to measure on (default: %(default)s)')
@@ -74,8 +76,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     split = Path(args.data).expanduser() / args.split
     if not split.is_dir():
         raise SystemExit(f'{split} is not a folder: --data takes an ImageFolder dataset with a {args.split}/ folder.')
+    checkpoint = args.checkpoint / 'last.pth.tar' if args.checkpoint.is_dir() else args.checkpoint
     try:
-        train = read_train_output(args.checkpoint, model_name=args.model)
+        train = read_train_output(checkpoint, model_name=args.model)
     except HubError as e:
         raise SystemExit(str(e)) from e
     dtype = DTYPES[args.dtype]
@@ -92,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size)
     results = compare(variants, loader)
     record = dict(
-        model=train.arch, model_kwargs=train.model_kwargs, checkpoint=Path(args.checkpoint).name, epoch=train.epoch,
+        model=train.arch, model_kwargs=train.model_kwargs, checkpoint=checkpoint.name, epoch=train.epoch,
         images=len(dataset), split=args.split, data_config=config, results=results,
         platform=platform.platform(),
         versions=dict(torch=torch.__version__, timm=timm.__version__, timm_hbf=timm_hbf.__version__,

@@ -83,10 +83,12 @@ def dimensions(model: torch.nn.Module) -> dict:
     block = model.blocks[0]
     qimia = isinstance(model, VisionTransformerQimia)
     attn = block.attn.body if qimia else block.attn
-    return dict(img_size=model.pretrained_cfg['input_size'][-1], patch_size=model.patch_embed.patch_size[0],
+    height, width = model.patch_embed.img_size  # as built: --model-kwargs img_size=... included
+    return dict(img_size=height if height == width else (height, width), patch_size=model.patch_embed.patch_size[0],
                 embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=attn.num_heads,
                 hidden=mlp_hidden(block.mlp.body) if qimia else block.mlp.readout.in_features,
-                qkv_bias=attn.qkv.bias is not None, num_classes=model.num_classes)
+                qkv_bias=attn.qkv.bias is not None, num_classes=model.num_classes,
+                in_chans=model.patch_embed.proj.in_channels)
 
 
 def baselines(dims: dict, mixer: bool) -> Dict[str, dict]:
@@ -94,11 +96,12 @@ def baselines(dims: dict, mixer: bool) -> Dict[str, dict]:
     specs = {BASELINE: dict(model_name='vit_base_patch16_224', img_size=dims['img_size'],
                             patch_size=dims['patch_size'], embed_dim=dims['embed_dim'], depth=dims['depth'],
                             num_heads=dims['num_heads'], mlp_ratio=dims['hidden'] / dims['embed_dim'],
-                            qkv_bias=dims['qkv_bias'], num_classes=dims['num_classes'])}
+                            qkv_bias=dims['qkv_bias'], num_classes=dims['num_classes'], in_chans=dims['in_chans'])}
     if mixer:
         specs[MIXER] = dict(cls='timm.models.mlp_mixer.MlpMixer', img_size=dims['img_size'],
                             patch_size=dims['patch_size'], embed_dim=dims['embed_dim'], num_blocks=dims['depth'],
-                            mlp_ratio=(0.5, dims['hidden'] / dims['embed_dim']), num_classes=dims['num_classes'])
+                            mlp_ratio=(0.5, dims['hidden'] / dims['embed_dim']), num_classes=dims['num_classes'],
+                            in_chans=dims['in_chans'])
     return specs
 
 
@@ -290,7 +293,7 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
     found = []
     for name in args.models:
         meta = timm.create_model(name, device='meta', **args.model_kwargs)
-        input_size = list(meta.pretrained_cfg['input_size'])
+        input_size = [meta.patch_embed.proj.in_channels, *meta.patch_embed.img_size]  # as built, not as its cfg
         specs = {name: dict(args.model_kwargs, model_name=name)}
         specs.update({f'{name}, {variant}': dict(args.model_kwargs, **kwargs, model_name=name)
                       for variant, kwargs in args.variants.items()})

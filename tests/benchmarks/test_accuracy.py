@@ -166,12 +166,14 @@ def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, 
     ('data', r'expected an ImageFolder layout with train/ and test/'),
     ('val', r'--val-per-class 100 leaves no training image of class airplane'),
     ('variant', r'--models vit_qimia_tiny:depth: expected NAME or NAME:KEY=VALUE'),
+    ('split', r'--val-split after --: the script splits the data itself .* give --data and --test-split'),
 ])
 def test_bad_input_names_the_fix(problem, match, cifar10_sample, scripts, tmp_path):
     argv = dict(scripts=scripts, data=cifar10_sample, recipe=MODERN, val='10', model='vit_hyperbf_tiny')
     argv.update({'recipe': dict(recipe=tmp_path / 'nope.yaml'), 'scripts': dict(scripts=tmp_path),
                  'data': dict(data=cifar10_sample / 'train'), 'val': dict(val='100'),
-                 'variant': dict(model='vit_qimia_tiny:depth')}[problem])
+                 'variant': dict(model='vit_qimia_tiny:depth'), 'split': {}}[problem])
+    train_args = ['--', '--val-split', 'test'] if problem == 'split' else []
     with pytest.raises(SystemExit, match=match):
         accuracy('--scripts', str(argv['scripts']), '--data', str(argv['data']), '--recipe', str(argv['recipe']),
-                 '--val-per-class', argv['val'], '--models', argv['model'], '--out', str(tmp_path / 'out'))
+                 '--val-per-class', argv['val'], '--models', argv['model'], '--out', str(tmp_path / 'out'), *train_args)

@@ -58,6 +58,16 @@ def test_runs_are_recorded_with_their_last_epoch_their_times_and_the_ratio_to_th
     assert (tmp_path / 'out' / 'runs.png').stat().st_size > 0
 
 
+def test_an_epochs_time_holds_the_ema_weights_test_pass_too():
+    """train.py --model-ema tests the weights, then the EMA weights (``Test (EMA):``)."""
+    log = train_log(1, 2., 0.5).splitlines()
+    tests = [line for line in log if line.startswith('Test:')]
+    log.insert(log.index(tests[-1]) + 1, '\n'.join(line.replace('Test:', 'Test (EMA):').replace('0.500', '0.750')
+                                                    for line in tests))
+    seconds = load_module(ROOT / 'benchmarks' / 'record_runs.py').epoch_seconds('\n'.join(log))
+    assert seconds == {0: 3 * 2. + 2 * 0.5 + 2 * 0.75}
+
+
 def test_a_folder_without_summary_or_log_is_named(tmp_path):
     (tmp_path / 'run').mkdir()
     with pytest.raises(SystemExit, match='run: expected a train.py output folder with summary.csv'):

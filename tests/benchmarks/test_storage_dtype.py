@@ -20,12 +20,13 @@ def script():
 
 @pytest.fixture
 def checkpoint(tmp_path) -> Path:
-    """A train.py-like output folder: the checkpoint of a 2-block ``vit_hyperbf_tiny`` and its ``args.yaml``."""
+    """A train.py-like output folder: checkpoints of a 2-block ``vit_hyperbf_tiny`` and its ``args.yaml``."""
     torch.manual_seed(0)
     model = timm.create_model('vit_hyperbf_tiny', depth=2, img_size=32, patch_size=4, num_classes=10)
     run = tmp_path / 'run'
     run.mkdir()
-    torch.save({'state_dict': model.state_dict(), 'arch': 'vit_hyperbf_tiny', 'epoch': 3}, run / 'last.pth.tar')
+    for epoch, name in ((1, 'model_best.pth.tar'), (3, 'last.pth.tar')):  # the best by a metric, the last
+        torch.save({'state_dict': model.state_dict(), 'arch': 'vit_hyperbf_tiny', 'epoch': epoch}, run / name)
     args = dict(model='vit_hyperbf_tiny', model_kwargs=dict(depth=2, img_size=32, patch_size=4), img_size=32,
                 crop_pct=1.0, num_classes=10, **CIFAR10_NORM)
     (run / 'args.yaml').write_text(yaml.safe_dump(args))
@@ -77,8 +78,9 @@ def test_the_record_on_real_images(script, checkpoint, cifar10_sample, tmp_path)
     record = script.main([str(checkpoint.parent), '--data', str(cifar10_sample), '--images', '40', '--out', str(out)])
     written = json.loads(out.read_text())
     assert written['results'] == record['results']
-    assert (written['model'], written['epoch'], written['images'], written['data_config']['input_size']) == \
-        ('vit_hyperbf_tiny', 3, 40, [3, 32, 32])
+    assert (written['model'], written['checkpoint'], written['epoch'], written['images']) == \
+        ('vit_hyperbf_tiny', 'last.pth.tar', 3, 40)  # a folder stands for its last checkpoint
+    assert written['data_config']['input_size'] == [3, 32, 32]
     float32, pushed, rounded = written['results'].values()
     assert float32['changed_predictions'] == 0 and float32['max_logit_difference'] == 0.
     assert 0. < pushed['max_logit_difference'] < 1. and 0. < rounded['max_logit_difference'] < 1.

@@ -36,6 +36,16 @@ def test_baselines_have_the_candidates_size(bench, name):
     assert vit.blocks[0].mlp.fc1.out_features == mixer.blocks[0].mlp_channels.fc1.out_features == dims['hidden']
 
 
+def test_the_input_and_the_baseline_follow_the_model_as_built(bench):
+    """--model-kwargs img_size=64 (or in_chans) changes the model: its input and its baseline, not only the model."""
+    args = bench.parse_args(['--models', 'vit_hyperbf_tiny', '--model-kwargs', 'img_size=64', 'in_chans=1',
+                             'depth=1', '--batch-size', '2'])
+    ((case, _, specs),) = bench.cases(args)
+    assert case == '64/4'
+    assert {tuple(spec['input_size']) for spec in specs.values()} == {(1, 64, 64)}
+    assert (specs['timm ViT']['img_size'], specs['timm ViT']['in_chans']) == (64, 1)
+
+
 def test_a_run_times_and_measures_every_model_and_variant_beside_the_vit(bench, tmp_path):
     out = tmp_path / 'speed.json'
     rows = bench.main(['--models', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=2', '--variants', 'depth=1', *TINY,
