@@ -118,7 +118,7 @@ def train_command(args, model: str, seed: int, data: Path, experiment: str) -> L
             *args.train_args, *own]
 
 
-def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
+def test_command(args, run_dir: Path, data: Path, trained: Dict, checkpoint: Path) -> List[str]:
     """validate.py on the test split with the model, preprocessing and device of the run (``trained``: train.py's
     ``args.yaml``, so that options given after ``--`` count) and its best checkpoint."""
     options = ['--model', trained['model'], '--num-classes', str(trained['num_classes']),
@@ -129,7 +129,7 @@ def test_command(args, run_dir: Path, data: Path, trained: Dict) -> List[str]:
     if trained.get('model_ema'):
         options.append('--use-ema')
     return [sys.executable, '-m', 'timm_hbf.run', str(Path(args.scripts) / 'validate.py'), '--data-dir', str(data),
-            '--split', 'test', '--checkpoint', str(run_dir / 'model_best.pth.tar'), *options,
+            '--split', 'test', '--checkpoint', str(checkpoint), *options,
             '--results-file', str(run_dir / 'test.json'), '--results-format', 'json']
 
 
@@ -173,20 +173,32 @@ def run(args, model: str, seed: int, data: Path) -> Dict:
         with open(log, 'a' if resume else 'w') as f:
             if subprocess.run(train + resume, stdout=f, stderr=subprocess.STDOUT, env=SCRIPT_ENV).returncode:
                 raise RuntimeError(f'{experiment}: train.py failed, see {log}')
-    test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()))
+    epochs = read_summary(run_dir / 'summary.csv')
+    best_epoch, checkpoint = best_checkpoint(run_dir, epochs, experiment)
+    test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()), checkpoint)
     if not finished:
         with open(log, 'a') as f:
             if subprocess.run(test, stdout=f, stderr=subprocess.STDOUT, env=SCRIPT_ENV).returncode:
                 raise RuntimeError(f'{experiment}: validate.py failed, see {log}')
-    epochs = read_summary(run_dir / 'summary.csv')
-    # the tested checkpoint's epoch: after a resume, train.py's model_best is the best epoch since the resume
-    best_epoch = read_checkpoint(run_dir / 'model_best.pth.tar')['epoch']
     result = dict(model=model, seed=seed, train_command=train, test_command=test, epochs=epochs,
                   val_top1=next(e['eval_top1'] for e in epochs if e['epoch'] == best_epoch), best_epoch=best_epoch,
                   test_top1=float(json.loads((run_dir / 'test.json').read_text())['top1']))
     print(f"--- {experiment}: validation {result['val_top1']:.2f} % (epoch {result['best_epoch']}), "
           f"test {result['test_top1']:.2f} %", flush=True)
     return result
+
+
+def best_checkpoint(run_dir: Path, epochs: List[Dict], experiment: str) -> Tuple[int, Path]:
+    """The run's best epoch by validation top-1 (the first of a tie, as train.py keeps it) and its checkpoint:
+    ``model_best.pth.tar``, or, where a resume started train.py's choice afresh (its best is then the best since the
+    resume), that epoch's ``checkpoint-N.pth.tar``, which train.py keeps among its ``--checkpoint-hist`` best."""
+    best = max(epochs, key=lambda e: e['eval_top1'])['epoch']
+    for path in (run_dir / 'model_best.pth.tar', run_dir / f'checkpoint-{best}.pth.tar'):
+        if path.is_file() and read_checkpoint(path)['epoch'] == best:
+            return best, path
+    raise RuntimeError(f'{experiment}: no checkpoint of epoch {best}, the best on the validation split (train.py '
+                       f'kept another as model_best after a resume, and deleted it): train the run again (remove '
+                       f'{run_dir}) or raise --checkpoint-hist.')
 
 
 def summarise(runs: List[Dict], baseline: str) -> Dict[str, Dict]:

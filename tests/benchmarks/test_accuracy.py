@@ -31,9 +31,15 @@ out.mkdir(parents=True, exist_ok=True)
 (out / 'argv.json').write_text(json.dumps(sys.argv[1:]))
 (out / 'args.yaml').write_text(yaml.safe_dump(dict(yaml.safe_load(Path(args.c).read_text()), model=args.model,
                                                    device=args.device or 'cuda')))
-torch.save({'epoch': 1, 'state_dict': {}}, out / 'model_best.pth.tar')  # train.py's checkpoint, the best epoch's
 best = {'vit_hyperbf_tiny': 36, 'vit_tiny_patch16_224': 40}[args.model] + int(args.seed)
-(out / 'summary.csv').write_text(f'epoch,eval_top1\\n0,20\\n1,{best}\\n2,30\\n')
+summary = f'epoch,eval_top1\\n0,20\\n1,{best}\\n2,30\\n'
+if args.resume:  # resumed at epoch 2: train.py's choice of the best starts afresh, and finds epoch 3
+    (out / 'summary.csv').write_text(summary + 'epoch,eval_top1\\n2,31\\n3,32\\n')
+    torch.save({'epoch': 3, 'state_dict': {}}, out / 'model_best.pth.tar')
+else:  # train.py's checkpoints: the best epoch's, also kept as checkpoint-N among the --checkpoint-hist best
+    (out / 'summary.csv').write_text(summary)
+    for name in ('model_best.pth.tar', 'checkpoint-1.pth.tar'):
+        torch.save({'epoch': 1, 'state_dict': {}}, out / name)
 '''
 
 FAKE_VALIDATE = '''
@@ -127,14 +133,20 @@ def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_che
     (finished / 'argv.json').unlink()  # written by train.py: it must not run again
     (cut_short / 'test.json').unlink()
     (cut_short / 'last.pth.tar').write_bytes(b'checkpoint')
-    assert accuracy(*argv)['runs'] == first['runs']
+    again = accuracy(*argv)['runs']
+    assert again[0] == first['runs'][0]
     assert not (finished / 'argv.json').exists()
     assert json.loads((cut_short / 'argv.json').read_text())[-2:] == ['--resume', str(cut_short / 'last.pth.tar')]
+    # the resumed run's best on the validation split is still epoch 1, from before the resume: that checkpoint is tested
+    assert (again[1]['best_epoch'], again[1]['val_top1']) == (1, first['runs'][1]['val_top1'])
+    assert again[1]['test_command'][again[1]['test_command'].index('--checkpoint') + 1] == \
+        str(cut_short / 'checkpoint-1.pth.tar')
+    assert [e['eval_top1'] for e in again[1]['epochs']] == [20., first['runs'][1]['val_top1'], 31., 32.]
     for other in (('--train-per-class', '50'), ('--', '--epochs', '5')):  # not read back as if made so
         with pytest.raises(SystemExit, match=r'vit_hyperbf_tiny-seed42 holds a run of another command or data split '
                                              r'.* remove it or choose another --out'):
             accuracy(*argv, *other)
-    assert json.loads((out / 'accuracy.json').read_text())['runs'] == first['runs']  # the record stays
+    assert json.loads((out / 'accuracy.json').read_text())['runs'] == again  # the record stays
 
 
 def test_every_run_logs_to_a_file_of_its_own_even_where_a_variant_holds_a_decimal_point(cifar10_sample, scripts,
