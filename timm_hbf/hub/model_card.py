@@ -179,7 +179,11 @@ def _results(train: TrainOutput) -> str:
         return ''
     last = train.summary[-1]
     pushed = next((row for row in train.summary if row['epoch'] == train.epoch), None)
-    rows = [('these weights', pushed)] if pushed is not None else []
+    # train.py evaluated the EMA weights, where it kept them on the device: their row describes these weights only
+    # where they are the EMA weights
+    ema_evaluated = train.args.get('model_ema') and not train.args.get('model_ema_force_cpu')
+    label = 'this epoch (EMA weights)' if ema_evaluated and not train.ema else 'these weights'
+    rows = [(label, pushed)] if pushed is not None else []
     if pushed is not last:
         rows.append(('last epoch', last))
     columns = [(k, name) for k, name in METRICS if k in train.summary[0]]
