@@ -37,6 +37,11 @@ def test_a_missing_script_names_the_fix(tmp_path, monkeypatch):
     assert 'git clone https://github.com/huggingface/pytorch-image-models' in str(e.value)
 
 
+def test_the_legacy_launchers_local_rank_first_says_to_use_torchrun():
+    with pytest.raises(SystemExit, match=r'got --local-rank=0 where the script goes.*Launch with torchrun'):
+        run.main(['--local-rank=0', 'train.py', '--model', 'vit_hyperbf_tiny'])
+
+
 def test_usage(capsys):
     with pytest.raises(SystemExit) as e:
         run.main([])

@@ -22,6 +22,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not argv or argv[0] in ('-h', '--help'):
         print(__doc__ if argv else USAGE, file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
+    if argv[0].startswith(('--local-rank', '--local_rank')):
+        raise SystemExit(f"timm_hbf.run: got {argv[0]} where the script goes, as torch.distributed.launch passes it. "
+                         'Launch with torchrun, its successor, as timm does: torchrun --nproc_per_node N -m '
+                         'timm_hbf.run pytorch-image-models/train.py ...')
     script = Path(argv[0])
     if not script.is_file():
         raise SystemExit(
