@@ -35,16 +35,18 @@ def shipped_models() -> List[str]:
 
 
 def test_folder(data: Path, stack: ExitStack) -> Path:
-    """``data``'s ``test/`` folder; an archive is extracted into a temporary folder first."""
+    """The ``test/`` folder in ``data`` or in a folder of it; an archive is extracted into a temporary folder first."""
+    given = data
     if data.is_file() and tarfile.is_tarfile(data):
         root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         with tarfile.open(data) as tar:
             tar.extractall(root, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
         data = root
-    if not (data / 'test').is_dir():
-        raise SystemExit(f'--data {data}: expected a CIFAR-10 folder or .tar.gz archive with test/<class>/*.jpg in it '
-                         f'(the ImageFolder layout timm reads).')
-    return data / 'test'
+    for root in [data, *sorted(data.iterdir())] if data.is_dir() else []:
+        if (root / 'test').is_dir():
+            return root / 'test'
+    raise SystemExit(f'--data {given}: expected a CIFAR-10 folder or .tar.gz archive with test/<class>/*.jpg in it or '
+                     'in a folder of it (the ImageFolder layout timm reads).')
 
 
 @torch.inference_mode()

@@ -62,6 +62,10 @@ def test_an_extracted_folder_gives_the_counts_of_timms_own_loading_of_the_weight
     with torch.no_grad():
         correct = (model(torch.stack(images)).argmax(-1) == torch.tensor(labels)).sum().item()
     assert result['correct'] == correct
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'cifar10').symlink_to(cifar10_sample)  # an archive's one top-level folder, extracted
+    (again,) = load_script().main(['--models', name, '--data', str(tmp_path / 'data'), '--out', str(tmp_path)])
+    assert again['correct'] == correct
 
 
 def test_data_without_a_test_split_is_named(tmp_path):
