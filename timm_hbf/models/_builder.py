@@ -75,8 +75,9 @@ def build_model(
     A local weights file (the cfg's ``file``) is read here, weights only, and any fault of it raises naming the file;
     its classifier gives the number of classes of the weights and its stem their input channels, so a checkpoint of
     another number of classes or channels loads as it is, and a ``num_classes`` or ``in_chans`` that differs resets
-    the head or adapts the stem as for timm's own weights. Weights of any source
-    that do not fit the model raise naming what differs. All raise :class:`PretrainedWeightsError`.
+    the head or adapts the stem as for timm's own weights. Weights of any source that do not fit the model raise
+    naming what differs. All raise :class:`PretrainedWeightsError`. The tag's class names stay only on a model they
+    describe.
     """
     if isinstance(pretrained_cfg, str):
         _check_tag(variant, pretrained_cfg)
