@@ -293,11 +293,12 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
     found = []
     for name in args.models:
         meta = timm.create_model(name, device='meta', **args.model_kwargs)
-        input_size = [meta.patch_embed.proj.in_channels, *meta.patch_embed.img_size]  # as built, not as its cfg
+        dims = dimensions(meta)
+        input_size = [dims['in_chans'], *meta.patch_embed.img_size]  # as built, not as its cfg
         specs = {name: dict(args.model_kwargs, model_name=name)}
         specs.update({f'{name}, {variant}': dict(args.model_kwargs, **kwargs, model_name=name)
                       for variant, kwargs in args.variants.items()})
-        specs.update(baselines(dimensions(meta), args.mixer))
+        specs.update(baselines(dims, args.mixer))
         batch_size = args.batch_size or DEFAULT_BATCH.get(name, (32, 256))[cuda]
         found.append((f'{input_size[-1]}/{meta.patch_embed.patch_size[0]}', batch_size,
                       {label: dict(spec, input_size=input_size) for label, spec in specs.items()}))

@@ -87,7 +87,7 @@ def build_model(
         model = build_model_with_cfg(
             model_cls, variant, False, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
             pretrained_filter_fn=pretrained_filter_fn, pretrained_strict=pretrained_strict, **kwargs)
-        _drop_foreign_class_names(model, own_file)
+        _clean_pretrained_cfgs(model, own_file)
         return model
 
     cfg = resolve_pretrained_cfg(variant, pretrained_cfg, dict(overlay))
@@ -137,22 +137,22 @@ def build_model(
     model = build_model_with_cfg(
         model_cls, variant, True, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
         pretrained_filter_fn=filter_and_check, pretrained_strict=pretrained_strict, **kwargs)
-    for module in model.modules():  # the model and, with features_only, the model it wraps: keep no copy of weights
-        if isinstance(getattr(module, 'pretrained_cfg', None), dict):
-            module.pretrained_cfg.pop('state_dict', None)
-    _drop_foreign_class_names(model, own_file)
+    _clean_pretrained_cfgs(model, own_file)
     return model
 
 
-def _drop_foreign_class_names(model: nn.Module, own_file: bool) -> None:
-    """The tag's class names (``label_names``, ``label_descriptions``) describe the tag's weights: a model with another
-    number of classes, or one given a weights file of its own without names, keeps none, so that timm's inference.py
-    does not name another head's classes with them."""
+def _clean_pretrained_cfgs(model: nn.Module, own_file: bool) -> None:
+    """The pretrained cfgs of the model and, with ``features_only``, of the model it wraps: no copy of the weights
+    kept, and no class names (``label_names``, ``label_descriptions``) where they do not describe the weights: the
+    tag's, on a model of another number of classes or given a weights file of its own without names (timm's
+    inference.py would name another head's classes with them)."""
     for module in model.modules():
         cfg = getattr(module, 'pretrained_cfg', None)
-        if not isinstance(cfg, dict) or cfg.get('label_names') is None:
+        if not isinstance(cfg, dict):
             continue
-        if own_file or getattr(module, 'num_classes', len(cfg['label_names'])) != len(cfg['label_names']):
+        cfg.pop('state_dict', None)
+        names = cfg.get('label_names')
+        if names is not None and (own_file or getattr(module, 'num_classes', len(names)) != len(names)):
             cfg['label_names'] = cfg['label_descriptions'] = None
 
 
