@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import checkpoint_filter_fn
 
-from timm_hbf.models import PretrainedWeightsError, VisionTransformerHyperBF, VisionTransformerQimia
+from timm_hbf.models import PretrainedWeightsError, VisionTransformerHyperBF, VisionTransformerQimia, _builder
 from timm_hbf.models._builder import build_model, read_checkpoint
 
 HYPERBF, QIMIA, UNTRAINED = 'buildertest_hyperbf', 'buildertest_qimia', 'buildertest_untrained'
@@ -146,10 +146,29 @@ def test_own_weights_load_with_their_input_channels_unless_others_are_asked(ship
     model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
     assert model.patch_embed.proj.in_channels == 1 and model.pretrained_cfg['input_size'][0] == 1
     assert_loaded(model, state_dict)
+    if not _builder.ADAPTS_ANY_CHANNELS:  # timm before 1.0.31 adapts only 3-channel weights
+        with pytest.raises(PretrainedWeightsError, match='1-channel input weights.*in_chans=1, or upgrade timm'):
+            timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, in_chans=3)
+        return
     model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, in_chans=3)  # timm adapts
     stem = state_dict['patch_embed.proj.weight']
     torch.testing.assert_close(model.patch_embed.proj.weight, stem.repeat(1, 3, 1, 1) / 3)
     assert_loaded(model, state_dict, but=('patch_embed.proj.weight',))
+
+
+def test_where_timm_adapts_only_rgb_weights_others_for_other_channels_raise_naming_both_fixes(
+        shipped, tmp_path, monkeypatch):
+    monkeypatch.setattr(_builder, 'ADAPTS_ANY_CHANNELS', False)
+    torch.save(weights(HYPERBF, in_chans=2), tmp_path / 'two.pth')
+    overlay = dict(file=str(tmp_path / 'two.pth'))
+    for in_chans in (1, 3):
+        with pytest.raises(PretrainedWeightsError) as e:
+            timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=overlay, in_chans=in_chans)
+        assert str(e.value) == (
+            f'{tmp_path / "two.pth"} has 2-channel input weights (patch_embed.proj) and {HYPERBF} is built for '
+            f'{in_chans} channels; the installed timm adapts only 3-channel ones. Create the model with in_chans=2, '
+            'or upgrade timm to 1.0.31 or newer, which adapts any number.')
+    assert timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=overlay).patch_embed.proj.in_channels == 2
 
 
 def test_train_py_pretrained_path_loads_all_but_the_head(shipped):

@@ -7,6 +7,7 @@ empty, truncated or mislabelled file, or the checkpoint of another model each en
 only, and raises :class:`PretrainedWeightsError` naming the tag or file, what is wrong and the fix.
 """
 import argparse
+import inspect
 import json
 import pickle
 import threading
@@ -21,6 +22,7 @@ import torch
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import (
     PretrainedCfg,
+    adapt_input_conv,
     build_model_with_cfg,
     clean_state_dict,
     get_arch_pretrained_cfgs,
@@ -34,6 +36,8 @@ __all__ = [
 ]
 
 ModelT = TypeVar('ModelT', bound=nn.Module)
+# timm adapts an input layer of any number of channels (1.0.31 and newer), or only one of 3 channels
+ADAPTS_ANY_CHANNELS = 'base_chans' in inspect.signature(adapt_input_conv).parameters
 
 WEIGHTS_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')  # where timm looks in a checkpoint, EMA first
 OWN_WEIGHTS = ("pretrained_cfg_overlay=dict(file=PATH) loads your own (a checkpoint of train.py, or a state dict in "
@@ -117,6 +121,7 @@ def build_model(
         layer (to ``in_chans``) and, where the number of classes differs, the classifier (left out)."""
         if pretrained_filter_fn is not None:
             state_dict = pretrained_filter_fn(state_dict, model)
+        _check_input_channels(state_dict, model, cfg.first_conv, location, variant)
         head_kept = not kwargs.get('features_only') and model.num_classes == overlay.get('num_classes', cfg.num_classes)
         expected = model.state_dict()
         mismatch = state_dict_mismatch(
@@ -139,6 +144,23 @@ def build_model(
         pretrained_filter_fn=filter_and_check, pretrained_strict=pretrained_strict, **kwargs)
     _clean_pretrained_cfgs(model, own_file)
     return model
+
+
+def _check_input_channels(
+        state_dict: Dict[str, Any], model: nn.Module, first_conv: Any, location: str, variant: str) -> None:
+    """Before timm 1.0.31, timm adapts only 3-channel input weights to another ``in_chans``: weights of other
+    channels for a model of still other channels raise here, naming the two fixes, instead of failing to load."""
+    if ADAPTS_ANY_CHANNELS:
+        return
+    for name in (first_conv,) if isinstance(first_conv, str) else first_conv or ():
+        weight, conv = state_dict.get(f'{name}.weight'), model.get_submodule(name)
+        if not isinstance(weight, torch.Tensor) or weight.ndim != 4 or not isinstance(conv, nn.Conv2d):
+            continue
+        if weight.shape[1] not in (3, conv.in_channels):
+            raise PretrainedWeightsError(
+                f'{location} has {weight.shape[1]}-channel input weights ({name}) and {variant} is built for '
+                f'{conv.in_channels} channels; the installed timm adapts only 3-channel ones. Create the model with '
+                f'in_chans={weight.shape[1]}, or upgrade timm to 1.0.31 or newer, which adapts any number.')
 
 
 def _clean_pretrained_cfgs(model: nn.Module, own_file: bool) -> None:
