@@ -193,6 +193,32 @@ def test_a_bare_state_dict_pushes_with_the_model_arguments_given(tmp_path):
         assert torch.equal(pushed(x), trained(x))
 
 
+@pytest.mark.parametrize('model_kwargs, input_size, fixed', [
+    (dict(img_size=48), (3, 48, 48), True),
+    (dict(in_chans=1), (1, 32, 32), True),
+    (dict(dynamic_img_size=True), (3, 32, 32), False),
+])
+def test_a_model_of_another_input_than_its_tag_s_is_pushed_with_that_input(tmp_path, model_kwargs, input_size, fixed):
+    """config.json and the model card describe the model pushed, not its tag (32 x 32, 3 channels): its image size,
+    channels (the normalisation averaged over them) and whether the size is fixed; it loads at that size."""
+    torch.manual_seed(0)
+    trained = timm.create_model(HYPERBF, depth=1, **model_kwargs).eval()
+    torch.save(trained.state_dict(), tmp_path / 'weights.pth')
+    kwargs = [f'{k}={v}' for k, v in model_kwargs.items() if k != 'in_chans']  # the stem gives the channels
+    folder = tmp_path / 'repo'
+    assert main(['push', str(tmp_path / 'weights.pth'), '--repo-id', 'push/input', '--model', HYPERBF,
+                 '--model-kwargs', 'depth=1', *kwargs, '--dry-run', str(folder)]) == 0
+    cfg = json.loads((folder / 'config.json').read_text())['pretrained_cfg']
+    assert (tuple(cfg['input_size']), cfg['fixed_input_size']) == (input_size, fixed)
+    assert len(cfg['mean']) == len(cfg['std']) == input_size[0]
+    assert f'**Image size:** {input_size[1]} x {input_size[2]}' in (folder / 'README.md').read_text()
+    pushed = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    x = torch.randn(2, *resolve_data_config({}, model=pushed)['input_size'])
+    assert x.shape[1:] == input_size
+    with torch.no_grad():
+        assert torch.equal(pushed(x), trained(x))
+
+
 def test_private_repo(logged_in, fresh_hub, train_run):
     assert main(['push', str(train_run), '--repo-id', 'push/private', '--private']) == 0
     assert fresh_hub.repos['push/private'].private

@@ -156,19 +156,22 @@ def test_own_weights_load_with_their_input_channels_unless_others_are_asked(ship
     assert_loaded(model, state_dict, but=('patch_embed.proj.weight',))
 
 
-def test_where_timm_adapts_only_rgb_weights_others_for_other_channels_raise_naming_both_fixes(
-        shipped, tmp_path, monkeypatch):
+def test_where_timm_adapts_only_rgb_weights_others_raise_but_gray_into_gray(shipped, tmp_path, monkeypatch):
+    """timm before 1.0.31 adapts only 3-channel input weights: it re-initialises others (or refuses them)."""
     monkeypatch.setattr(_builder, 'ADAPTS_ANY_CHANNELS', False)
-    torch.save(weights(HYPERBF, in_chans=2), tmp_path / 'two.pth')
-    overlay = dict(file=str(tmp_path / 'two.pth'))
-    for in_chans in (1, 3):
-        with pytest.raises(PretrainedWeightsError) as e:
-            timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=overlay, in_chans=in_chans)
-        assert str(e.value) == (
-            f'{tmp_path / "two.pth"} has 2-channel input weights (patch_embed.proj) and {HYPERBF} is built for '
-            f'{in_chans} channels; the installed timm adapts only 3-channel ones. Create the model with in_chans=2, '
-            'or upgrade timm to 1.0.31 or newer, which adapts any number.')
-    assert timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=overlay).patch_embed.proj.in_channels == 2
+    for weights_chans, model_chans in ((2, 2), (2, 1), (2, 3), (1, 3), (1, 2)):
+        path = tmp_path / f'{weights_chans}.pth'
+        torch.save(weights(HYPERBF, in_chans=weights_chans), path)
+        fix = 'Create the model with in_chans=1, or upgrade' if weights_chans == 1 else 'Upgrade'
+        assert load_error(path, in_chans=model_chans) == (
+            f'{path} has {weights_chans}-channel input weights (patch_embed.proj) and {HYPERBF} is built for '
+            f'{model_chans}: timm before 1.0.31 adapts only 3-channel input weights (and loads 1-channel ones into a '
+            f'1-channel model), and would re-initialise or refuse these. {fix} timm to 1.0.31 or newer, which adapts '
+            'any number.')
+    gray = weights(HYPERBF, in_chans=1)
+    torch.save(gray, tmp_path / 'gray.pth')
+    overlay = dict(file=str(tmp_path / 'gray.pth'))
+    assert_loaded(timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=overlay), gray)
 
 
 def test_train_py_pretrained_path_loads_all_but_the_head(shipped):

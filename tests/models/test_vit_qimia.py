@@ -4,6 +4,8 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
+from timm.layers import resample_abs_pos_embed
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
@@ -586,6 +588,15 @@ def test_the_checkpoint_filter_resamples_position_and_patch_embeddings_to_the_mo
     model = small(depth=1, img_size=64)
     model.load_state_dict(checkpoint_filter_fn(trained.state_dict(), model))
     assert model.pos_embed.shape == (1, 257, 192)
+
+
+def test_the_checkpoint_filter_resamples_to_a_grid_of_as_many_positions_but_another_shape():
+    """The shipped weights' 8 x 8 grid (32 x 32 at patch 4, their cfg's) into a 16 x 4 one."""
+    model = timm.create_model('vit_qimia_tiny', pretrained=True, img_size=(64, 16))
+    shipped = load_file(model.pretrained_cfg['file'])['pos_embed']
+    expected = resample_abs_pos_embed(shipped, new_size=[16, 4], old_size=[8, 8], num_prefix_tokens=1)
+    assert torch.equal(model.pos_embed.detach(), expected.float())
+    assert model(torch.randn(1, 3, 64, 16)).shape == (1, 10)
 
 
 # --- torch.compile and export ---------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from huggingface_hub import CommitInfo, HfApi, constants
@@ -70,8 +70,10 @@ def write_repo_folder(
         to_storage_dtype(model, dtype)
     if label_names is not None and len(label_names) != model.num_classes:
         raise HubError(f'{len(label_names)} label names for the {model.num_classes} classes of {train.checkpoint}.')
-    # The preprocessing of train.py's evaluation; no tag and no class names: the registry's describe its own weights,
-    # not these (label_names gives theirs).
+    # The input of the model as built, then the preprocessing of train.py's evaluation; no tag and no class names:
+    # the registry's describe its own weights, not these (label_names gives theirs).
+    input_cfg, input_args = _input_of(model)
+    model.pretrained_cfg.update(input_cfg)
     model.pretrained_cfg.update(resolve_data_config(train.args, model=model))
     for key in ('tag', 'label_names', 'label_descriptions'):
         model.pretrained_cfg.pop(key, None)
@@ -82,7 +84,7 @@ def write_repo_folder(
             model,
             partial,
             model_config={'label_names': list(label_names)} if label_names else None,
-            model_args=train.model_kwargs,
+            model_args={**input_args, **train.model_kwargs},
             safe_serialization='both' if pytorch_bin else True,
         )
         _class_count_at_top_level(partial / 'config.json')
@@ -95,6 +97,23 @@ def write_repo_folder(
         shutil.rmtree(partial)
         raise
     return folder
+
+
+def _input_of(model: torch.nn.Module) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The input a ViT-shaped ``model`` takes as built, which model arguments (``img_size``, ``in_chans``,
+    ``dynamic_img_size``) can make differ from its tag's, as pretrained-cfg entries (the patch embedding's channels
+    and image size, fixed unless ``dynamic_img_size``; the tag's normalisation averaged over the channels where their
+    number differs) and as the model arguments that rebuild it at that size (a model whose cfg does not fix its size
+    is built at its default size)."""
+    embed = getattr(model, 'patch_embed', None)
+    if embed is None or not isinstance(getattr(embed, 'proj', None), torch.nn.Conv2d):
+        return {}, {}
+    channels, size, cfg = embed.proj.in_channels, tuple(embed.img_size), model.pretrained_cfg
+    found = dict(input_size=(channels, *size), fixed_input_size=not getattr(model, 'dynamic_img_size', False))
+    for key in ('mean', 'std'):
+        if cfg.get(key) is not None and len(cfg[key]) != channels:
+            found[key] = (sum(cfg[key]) / len(cfg[key]),) * channels
+    return found, dict(img_size=list(size), in_chans=channels)
 
 
 def _class_count_at_top_level(config: Path) -> None:

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 ModelT = TypeVar('ModelT', bound=nn.Module)
-# timm adapts an input layer of any number of channels (1.0.31 and newer), or only one of 3 channels
+# timm adapts input weights of any number of channels (1.0.31 and newer), or only those of 3 channels
 ADAPTS_ANY_CHANNELS = 'base_chans' in inspect.signature(adapt_input_conv).parameters
 
 WEIGHTS_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')  # where timm looks in a checkpoint, EMA first
@@ -148,19 +148,23 @@ def build_model(
 
 def _check_input_channels(
         state_dict: Dict[str, Any], model: nn.Module, first_conv: Any, location: str, variant: str) -> None:
-    """Before timm 1.0.31, timm adapts only 3-channel input weights to another ``in_chans``: weights of other
-    channels for a model of still other channels raise here, naming the two fixes, instead of failing to load."""
+    """Before 1.0.31, timm loads input weights of 3 channels into a model of any, and of 1 channel into a model of 1;
+    it re-initialises or fails to load all others, which raise here naming the fixes."""
     if ADAPTS_ANY_CHANNELS:
         return
     for name in (first_conv,) if isinstance(first_conv, str) else first_conv or ():
         weight, conv = state_dict.get(f'{name}.weight'), model.get_submodule(name)
         if not isinstance(weight, torch.Tensor) or weight.ndim != 4 or not isinstance(conv, nn.Conv2d):
             continue
-        if weight.shape[1] not in (3, conv.in_channels):
-            raise PretrainedWeightsError(
-                f'{location} has {weight.shape[1]}-channel input weights ({name}) and {variant} is built for '
-                f'{conv.in_channels} channels; the installed timm adapts only 3-channel ones. Create the model with '
-                f'in_chans={weight.shape[1]}, or upgrade timm to 1.0.31 or newer, which adapts any number.')
+        weights_chans, model_chans = weight.shape[1], conv.in_channels
+        if weights_chans == 3 or weights_chans == model_chans == 1:
+            continue
+        fix = 'Create the model with in_chans=1, or upgrade' if weights_chans == 1 else 'Upgrade'
+        raise PretrainedWeightsError(
+            f'{location} has {weights_chans}-channel input weights ({name}) and {variant} is built for '
+            f'{model_chans}: timm before 1.0.31 adapts only 3-channel input weights (and loads 1-channel ones into a '
+            f'1-channel model), and would re-initialise or refuse these. {fix} timm to 1.0.31 or newer, which adapts '
+            'any number.')
 
 
 def _clean_pretrained_cfgs(model: nn.Module, own_file: bool) -> None:

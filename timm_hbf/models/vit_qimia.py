@@ -556,13 +556,24 @@ def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dic
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTransformerQimia) -> Dict[str, torch.Tensor]:
     """A checkpoint for ``model``: the position embedding resampled to its grid, the patch embedding to its patch size
-    (every other key as it is: the state-dict names have not changed since timm_hbf 0.1)."""
+    (every other key as it is: the state-dict names have not changed since timm_hbf 0.1).
+
+    The checkpoint's grid is its pretrained cfg's image size over its patch size where that accounts for every
+    position (so weights of a 8 x 8 grid resample to a model of 16 x 4), else square."""
     state_dict = dict(state_dict)
     pos_embed, patch = state_dict.get('pos_embed'), state_dict.get('patch_embed.proj.weight')
-    if pos_embed is not None and pos_embed.shape != model.pos_embed.shape:
-        state_dict['pos_embed'] = resample_abs_pos_embed(
-            pos_embed, new_size=list(model.patch_embed.grid_size), num_prefix_tokens=model.num_prefix_tokens,
-            verbose=True)
+    grid = tuple(model.patch_embed.grid_size)
+    if pos_embed is not None:
+        old_grid = None
+        trained_size = (getattr(model, 'pretrained_cfg', None) or {}).get('input_size')
+        if trained_size is not None and patch is not None and patch.ndim == 4:
+            old_grid = tuple(size // step for size, step in zip(trained_size[-2:], patch.shape[-2:]))
+            if old_grid[0] * old_grid[1] != pos_embed.shape[1] - model.num_prefix_tokens:
+                old_grid = None
+        if pos_embed.shape != model.pos_embed.shape or old_grid not in (None, grid):
+            state_dict['pos_embed'] = resample_abs_pos_embed(
+                pos_embed, new_size=list(grid), old_size=old_grid and list(old_grid),
+                num_prefix_tokens=model.num_prefix_tokens, verbose=True)
     if patch is not None and patch.shape[-2:] != model.patch_embed.proj.weight.shape[-2:]:
         state_dict['patch_embed.proj.weight'] = resample_patch_embed(patch, list(model.patch_embed.patch_size),
                                                                      verbose=True)
