@@ -1,11 +1,14 @@
 """The QIMIA ViT family and Attention Residuals: depth attention in place of residuals, the report's and AttnRes's
 options, diagnostics, every input a user may give, and timm's API."""
+import json
+
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from timm.layers import resample_abs_pos_embed
+from timm.models import save_for_hf
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
@@ -578,6 +581,25 @@ def test_set_input_size_resamples_the_position_embedding():
     model.set_input_size(img_size=(32, 48))
     assert model.pos_embed.shape == (1, 1 + 8 * 12, 192)
     assert model(torch.randn(2, 3, 32, 48)).shape == (2, 10)
+
+
+def test_a_resize_is_saved_for_the_hub_as_timm_s_vit_saves_it(tmp_path):
+    """timm 1.0.31's save_for_hf (and push_to_hf_hub) writes the size a ViT was resized to with set_input_size, so
+    that the repo rebuilds it; QIMIA's the same way (older timm writes neither's)."""
+    def saved(model: torch.nn.Module, folder: str):
+        model.eval().set_input_size(img_size=48, patch_size=8)
+        save_for_hf(model, tmp_path / folder)
+        config = json.loads((tmp_path / folder / 'config.json').read_text())
+        return config['pretrained_cfg']['input_size'][1:] == [48, 48], config.get('model_args', {}).get('img_size')
+
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=1)
+    qimia = small(depth=1)
+    vit_saved = saved(vit, 'vit')
+    assert saved(qimia, 'qimia') == vit_saved
+    if vit_saved[0]:  # timm records the resize: the repo rebuilds the resized model
+        pulled = timm.create_model(f'local-dir:{tmp_path / "qimia"}', pretrained=True).eval()
+        x = torch.randn(1, 3, 48, 48)
+        assert torch.equal(pulled(x), qimia(x))
 
 
 def test_the_checkpoint_filter_resamples_position_and_patch_embeddings_to_the_model():

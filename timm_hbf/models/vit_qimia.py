@@ -39,6 +39,11 @@ from timm.layers import (
 )
 from timm.models import checkpoint, generate_default_cfgs, named_apply, register_model
 from timm.models._features import feature_take_indices
+
+try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf and push_to_hf_hub write to config.json
+    from timm.models._input import update_model_input_size
+except ImportError:  # older timm records none, for its own ViT neither
+    update_model_input_size = None
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
@@ -370,7 +375,8 @@ class VisionTransformerQimia(nn.Module):
             img_size: Optional[Union[int, Tuple[int, int]]] = None,
             patch_size: Optional[Union[int, Tuple[int, int]]] = None,
     ) -> None:
-        """Change the input resolution (and patch size): the position embedding is resampled to the new grid."""
+        """Change the input resolution (and patch size): the position embedding is resampled to the new grid, and the
+        model records its new size as timm's ViT does (what ``save_for_hf`` writes to ``config.json``)."""
         prev_grid = self.patch_embed.grid_size
         self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
         if self.patch_embed.grid_size != prev_grid:
@@ -384,6 +390,8 @@ class VisionTransformerQimia(nn.Module):
             ), requires_grad=requires_grad)
         for info in self.feature_info:
             info['reduction'] = self.patch_embed.patch_size[0]
+        if update_model_input_size is not None:
+            update_model_input_size(self, self.patch_embed.img_size, patch_size=patch_size)
 
     # --- forward ----------------------------------------------------------------------------------------------------
 
