@@ -206,8 +206,9 @@ def test_pretrained_for_a_tag_without_weights_names_it_the_tags_with_weights_and
     assert str(e.value) == (
         f'{HYPERBF}.untrained has no pretrained weights. Tags with weights: {HYPERBF}.shipped, {HYPERBF}.missing; '
         f'without: {HYPERBF}.untrained. pretrained_cfg_overlay=dict(file=PATH) loads your own (a checkpoint '
-        "of train.py, or a state dict in a .pth or .safetensors file); 'hf-hub:ORG/NAME' as the model name loads a "
-        'Hugging Face Hub repo. Or create it with pretrained=False.')
+        "of train.py, or a state dict in a .pth or .safetensors file; in timm's train.py --pretrained-path PATH, in "
+        "validate.py --checkpoint PATH); 'hf-hub:ORG/NAME' as the model name loads a Hugging Face Hub repo. Or create "
+        "it with pretrained=False (in timm's scripts, without --pretrained).")
     assert timm.create_model(f'{HYPERBF}.untrained').pretrained_cfg['tag'] == 'untrained'
 
 

@@ -41,7 +41,8 @@ ADAPTS_ANY_CHANNELS = 'base_chans' in inspect.signature(adapt_input_conv).parame
 
 WEIGHTS_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')  # where timm looks in a checkpoint, EMA first
 OWN_WEIGHTS = ("pretrained_cfg_overlay=dict(file=PATH) loads your own (a checkpoint of train.py, or a state dict in "
-               "a .pth or .safetensors file); 'hf-hub:ORG/NAME' as the model name loads a Hugging Face Hub repo.")
+               "a .pth or .safetensors file; in timm's train.py --pretrained-path PATH, in validate.py --checkpoint "
+               "PATH); 'hf-hub:ORG/NAME' as the model name loads a Hugging Face Hub repo.")
 AGAIN = 'Save or copy the weights again.'
 CUT_SHORT = f'It was cut short while being written or copied. {AGAIN}'
 # CIFAR-10 training-set channel statistics: the normalisation in the pretrained_cfg of every 32 x 32 model
@@ -232,7 +233,7 @@ def _weights_location(cfg: PretrainedCfg, variant: str) -> str:
         name = f'{variant}.{cfg.tag}' if cfg.tag else variant
         raise PretrainedWeightsError(
             f'{name} has no pretrained weights. {_tags(variant, get_arch_pretrained_cfgs(variant))} '
-            'Or create it with pretrained=False.')
+            "Or create it with pretrained=False (in timm's scripts, without --pretrained).")
     return location
 
 
