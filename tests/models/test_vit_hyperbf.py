@@ -180,11 +180,12 @@ def test_no_weight_decay_covers_widths_centres_metrics_and_embeddings():
     model = small(mahalanobis=True, reg_tokens=2)
     nwd = model.no_weight_decay()
     names = dict(model.named_parameters())
-    assert {'pos_embed', 'cls_token', 'reg_token'} <= nwd
+    embeddings = {'pos_embed', 'cls_token', 'reg_token'}
+    assert embeddings <= nwd
     kernel = {n for n in names if n.endswith(('log_gamma', 'centers', 'metric'))}
     assert len(kernel) == 2 * (2 + 1 + 2)  # per block: 2 widths, 1 centre set, 2 metrics
     assert kernel <= nwd
-    expected = kernel | {'pos_embed', 'cls_token', 'reg_token'}
+    expected = kernel | embeddings
     opt = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.75)
     no_decay = {id(p) for g in opt.param_groups if g['weight_decay'] == 0. for p in g['params']}
     assert all(id(names[n]) in no_decay for n in expected)

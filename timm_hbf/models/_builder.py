@@ -148,12 +148,13 @@ def build_model(
 
 
 def _check_input_channels(
-        state_dict: Dict[str, Any], model: nn.Module, first_conv: Any, location: str, variant: str) -> None:
+        state_dict: Dict[str, Any], model: nn.Module, first_conv: Union[None, str, Iterable[str]], location: str,
+        variant: str) -> None:
     """Before 1.0.31, timm loads input weights of 3 channels into a model of any, and of 1 channel into a model of 1;
     it re-initialises or fails to load all others, which raise here naming the fixes."""
     if ADAPTS_ANY_CHANNELS:
         return
-    for name in (first_conv,) if isinstance(first_conv, str) else first_conv or ():
+    for name in _layers(first_conv):
         weight, conv = state_dict.get(f'{name}.weight'), model.get_submodule(name)
         if not isinstance(weight, torch.Tensor) or weight.ndim != 4 or not isinstance(conv, nn.Conv2d):
             continue
@@ -237,10 +238,14 @@ def _weights_location(cfg: PretrainedCfg, variant: str) -> str:
     return location
 
 
+def _layers(layers: Union[None, str, Iterable[str]]) -> Iterable[str]:
+    """The layer names of a cfg's ``first_conv`` or ``classifier`` (one layer, several, or none)."""
+    return (layers,) if isinstance(layers, str) else layers or ()
+
+
 def _names(layers: Union[None, str, Iterable[str]]) -> Set[str]:
-    """The weight and bias names of a cfg's ``first_conv`` or ``classifier`` (one layer, several, or none)."""
-    layers = (layers,) if isinstance(layers, str) else layers or ()
-    return {f'{layer}.{param}' for layer in layers for param in ('weight', 'bias')}
+    """The weight and bias names of a cfg's ``first_conv`` or ``classifier``."""
+    return {f'{layer}.{param}' for layer in _layers(layers) for param in ('weight', 'bias')}
 
 
 def state_dict_mismatch(

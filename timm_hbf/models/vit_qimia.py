@@ -39,11 +39,6 @@ from timm.layers import (
 )
 from timm.models import checkpoint, generate_default_cfgs, named_apply, register_model
 from timm.models._features import feature_take_indices
-
-try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf and push_to_hf_hub write to config.json
-    from timm.models._input import update_model_input_size
-except ImportError:  # older timm records none, for its own ViT neither
-    update_model_input_size = None
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
@@ -51,6 +46,11 @@ from torch.jit import Final
 from .._checks import check_choice, check_count, check_flag, check_number, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
 from ._builder import build_vit, cifar10_weights, vit_cfg
+
+try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf and push_to_hf_hub write to config.json
+    from timm.models._input import update_model_input_size
+except ImportError:  # older timm records none, for its own ViT neither
+    update_model_input_size = None
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn', 'depth_attention_stats']
 
