@@ -1,5 +1,8 @@
 """BatchNorm over the channel (last) dim of token tensors: statistics over every token of the batch."""
+import copy
+
 import torch
+from timm.layers import convert_sync_batchnorm
 
 from timm_hbf.layers import TokenBatchNorm
 
@@ -21,3 +24,16 @@ def test_eval_uses_the_running_statistics():
     x = torch.randn(1, 6, 4)
     expected = (x - norm.norm.running_mean) / (norm.norm.running_var + norm.norm.eps).sqrt()
     torch.testing.assert_close(norm(x), expected)
+
+
+def test_train_py_s_sync_batchnorm_conversion_keeps_the_token_layout():
+    """``train.py --sync-bn`` swaps the inner ``BatchNorm1d`` for ``SyncBatchNorm``, which takes the same ``(tokens,
+    channels)`` input; outside a process group it computes what the BatchNorm did."""
+    norm = TokenBatchNorm(4)
+    synced = convert_sync_batchnorm(copy.deepcopy(norm))
+    assert isinstance(synced.norm, torch.nn.SyncBatchNorm)
+    x = torch.randn(3, 5, 4) * 2 + 1
+    torch.testing.assert_close(synced(x), norm(x))
+    torch.testing.assert_close(synced.norm.running_var, norm.norm.running_var)
+    synced.eval(), norm.eval()
+    torch.testing.assert_close(synced(x[:1]), norm(x[:1]))
