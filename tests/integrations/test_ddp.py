@@ -2,6 +2,7 @@
 (the gloo backend), each given half of a batch, take the gradient that one process takes on the whole batch and stay
 in step, every family eager and QIMIA's list memory compiled in either order of wrapping (train.py of timm 1.0.27 on
 compiles before wrapping; that of 1.0.26 after, where the compiler cuts the graph at DDP's gradient buckets)."""
+from datetime import timedelta
 from pathlib import Path
 from typing import Dict, List
 
@@ -18,6 +19,7 @@ import timm_hbf  # noqa: F401 (registers the models in the spawned processes)
 WORLD = 2
 BATCH = 8  # BATCH // WORLD images a process
 STEPS = 2  # DDP finds a parameter without a gradient only when the next step starts
+TIMEOUT = timedelta(minutes=10)  # a process waiting on the other longer than this fails (torch's default: 30)
 FAMILIES = ['vit_hyperbf_tiny', 'vit_hyperbf_nrbf_tiny', 'vit_qimia_tiny', 'vit_attnres_tiny', 'vit_attnres_block_tiny']
 DEPTH = 3  # crosses a memory block of vit_attnres_block_tiny (two layers)
 COMPILED_DEPTH = 1  # compiling takes seconds a layer on a CPU
@@ -37,7 +39,7 @@ def _train_in_two_processes(rank: int, init_file: str, names: List[str], depth: 
     """In process ``rank``: for every model, ``STEPS`` SGD steps of DDP on this process's half of the batch beside a
     copy of the model stepped on the whole batch; saves the first step's gradients of both and every step's
     parameters."""
-    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=WORLD)
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=WORLD, timeout=TIMEOUT)
     torch.set_num_threads(1)
     images, targets = _batch()
     half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
