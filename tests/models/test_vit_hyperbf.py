@@ -228,7 +228,7 @@ def test_forward_hooks_see_what_each_layer_returned(grad):
     assert all(torch.equal(out, copy) for out, copy in kept)
 
 
-def test_grad_checkpointing_gives_identical_outputs_and_gradients():
+def test_grad_checkpointing_gives_identical_outputs_and_gradients(checkpointing_reentrant):
     model = small()
     x = images()
     model(x).sum().backward()

@@ -352,7 +352,8 @@ def test_block_memory_frees_merged_entries_in_inference():
 
 @pytest.mark.parametrize('option', ['default', 'path_dropout', 'gaussian_depth_attention', 'block_memory',
                                     'block_attnres'])
-def test_grad_checkpointing_gives_identical_outputs_and_gradients(option):
+def test_grad_checkpointing_gives_identical_outputs_and_gradients(option, checkpointing_reentrant):
+    """Also reentrant, which sees only the tensors passed to it: the memory goes to each layer as tensors, not lists."""
     model = small(**dict(OPTIONS[option], depth=3))
     randomize_queries(model)
     x = images()
@@ -629,6 +630,16 @@ def test_compiles_whole_in_eval_and_training(options):
     """aot_eager captures the forward and backward graphs as inductor gets them, without compiling kernels."""
     torch._dynamo.reset()
     model = small(depth=1, **dict(options, num_classes=2))
+    randomize_queries(model)
+    compiled_matches_eager(model, images(), 'aot_eager')
+
+
+@pytest.mark.parametrize('options', [{}, ATTNRES], ids=['qimia', 'attnres'])
+def test_compiles_whole_with_gradient_checkpointing(options):
+    """train.py's --grad-checkpointing with --torchcompile: every layer's checkpoint goes into the one graph."""
+    torch._dynamo.reset()
+    model = small(depth=2, **dict(options, num_classes=2))
+    model.set_grad_checkpointing(True)
     randomize_queries(model)
     compiled_matches_eager(model, images(), 'aot_eager')
 

@@ -118,6 +118,13 @@ class QimiaLayer(nn.Module):
         keys, values = self.attn(keys, values)
         return self.mlp(keys, values)
 
+    def forward_flat(self, num_keys: int, *entries: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """:meth:`forward` on the memory as one tuple of tensors, keys first, for gradient checkpointing: reentrant
+        checkpointing (``timm.layers.set_reentrant_ckpt(True)``) tracks tensor arguments and results only, not the
+        tensors in lists, and would cut the gradient of every entry."""
+        keys, values = self(list(entries[:num_keys]), list(entries[num_keys:]))
+        return tuple(keys) + tuple(values)
+
 
 def _check_arguments(args: Dict[str, Any]) -> None:
     """Every constructor argument of :class:`VisionTransformerQimia` checked for type and range."""
@@ -434,7 +441,8 @@ class VisionTransformerQimia(nn.Module):
         for i, layer in enumerate(self.blocks):
             if i <= last:
                 if self.grad_checkpointing and not torch.jit.is_scripting():
-                    keys, values = checkpoint(layer, keys, values)
+                    entries = checkpoint(layer.forward_flat, len(keys), *keys, *values)
+                    keys, values = list(entries[:len(entries) // 2]), list(entries[len(entries) // 2:])
                 else:
                     keys, values = layer(keys, values)
                 if i in taken:
