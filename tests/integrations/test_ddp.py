@@ -1,7 +1,8 @@
 """torch's DistributedDataParallel, which timm's train.py puts around a model under torchrun: two processes on the CPU
 (the gloo backend), each given half of a batch, take the gradient that one process takes on the whole batch and stay
-in step, every family eager and QIMIA's list memory compiled in either order of wrapping (train.py of timm 1.0.27 on
-compiles before wrapping; that of 1.0.26 after, where the compiler cuts the graph at DDP's gradient buckets)."""
+in step: every family eager, QIMIA with either kind of gradient checkpointing, and QIMIA's list memory compiled in
+either order of wrapping (train.py of timm 1.0.27 on compiles before wrapping; that of 1.0.26 after, where the
+compiler cuts the graph at DDP's gradient buckets)."""
 from datetime import timedelta
 from pathlib import Path
 from typing import Dict, List
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from timm.layers import set_reentrant_ckpt
 from torch.nn.parallel import DistributedDataParallel
 
 import timm_hbf  # noqa: F401 (registers the models in the spawned processes)
@@ -35,20 +37,24 @@ def _batch() -> tuple:
     return images, torch.arange(BATCH) % 10
 
 
-def _train_in_two_processes(rank: int, init_file: str, names: List[str], depth: int, wrapping: str, out: str) -> None:
+def _train_in_two_processes(rank: int, init_file: str, names: List[str], depth: int, wrapping: str, checkpointing: str,
+                            out: str) -> None:
     """In process ``rank``: for every model, ``STEPS`` SGD steps of DDP on this process's half of the batch beside a
     copy of the model stepped on the whole batch; saves the first step's gradients of both and every step's
-    parameters."""
+    parameters. ``checkpointing``: '' (none), 'non_reentrant' or 'reentrant', timm's gradient checkpointing of the
+    DDP model."""
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=WORLD, timeout=TIMEOUT)
     torch.set_num_threads(1)
     images, targets = _batch()
     half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
     saved: Dict[str, dict] = {}
+    set_reentrant_ckpt(checkpointing == 'reentrant')
     for name in names:
         torch.manual_seed(0)
         model = timm.create_model(name, depth=depth)
         whole = timm.create_model(name, depth=depth)
         whole.load_state_dict(model.state_dict())
+        model.set_grad_checkpointing(bool(checkpointing))
         wrapped = WRAPPINGS[wrapping](model) if wrapping else DistributedDataParallel(model)
         runs = [(wrapped, model, images[half], targets[half]), (whole, whole, images, targets)]
         optimizers = [torch.optim.SGD(m.parameters(), lr=1e-2) for _, m, _, _ in runs]
@@ -65,9 +71,10 @@ def _train_in_two_processes(rank: int, init_file: str, names: List[str], depth: 
     dist.destroy_process_group()
 
 
-def train_in_two_processes(tmp_path: Path, names: List[str], depth: int, wrapping: str = '') -> List[Dict[str, dict]]:
+def train_in_two_processes(tmp_path: Path, names: List[str], depth: int, wrapping: str = '',
+                           checkpointing: str = '') -> List[Dict[str, dict]]:
     """What :func:`_train_in_two_processes` saved, rank by rank."""
-    args = (str(tmp_path / 'init'), names, depth, wrapping, str(tmp_path))
+    args = (str(tmp_path / 'init'), names, depth, wrapping, checkpointing, str(tmp_path))
     mp.spawn(_train_in_two_processes, args=args, nprocs=WORLD)
     return [torch.load(tmp_path / f'rank{rank}.pt') for rank in range(WORLD)]
 
@@ -93,6 +100,12 @@ def eager_ranks(tmp_path_factory) -> List[Dict[str, dict]]:
 @pytest.mark.parametrize('name', FAMILIES)
 def test_two_processes_train_as_one_on_the_whole_batch(eager_ranks, name):
     assert_trained_in_step(eager_ranks, name)
+
+
+@pytest.mark.parametrize('checkpointing', ['non_reentrant', 'reentrant'])
+def test_qimia_with_gradient_checkpointing_trains_as_one_process(tmp_path, checkpointing):
+    name = 'vit_qimia_tiny'
+    assert_trained_in_step(train_in_two_processes(tmp_path, [name], DEPTH, checkpointing=checkpointing), name)
 
 
 @pytest.mark.parametrize('wrapping', WRAPPINGS)
