@@ -25,7 +25,7 @@ switched on alone:
 import math
 import numbers
 from functools import partial
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from timm.layers import (
@@ -118,12 +118,18 @@ class QimiaLayer(nn.Module):
         keys, values = self.attn(keys, values)
         return self.mlp(keys, values)
 
-    def forward_flat(self, num_keys: int, *entries: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """:meth:`forward` on the memory as one tuple of tensors, keys first, for gradient checkpointing: reentrant
-        checkpointing (``timm.layers.set_reentrant_ckpt(True)``) tracks tensor arguments and results only, not the
-        tensors in lists, and would cut the gradient of every entry."""
-        keys, values = self(list(entries[:num_keys]), list(entries[num_keys:]))
-        return tuple(keys) + tuple(values)
+    def forward_flat(self, *entries: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """:meth:`forward` on the memory as one tuple of tensors, its keys then as many values, for gradient
+        checkpointing: reentrant checkpointing (``timm.layers.set_reentrant_ckpt(True)``) tracks tensor arguments and
+        results only, not the tensors in lists, and would cut the gradient of every entry."""
+        keys, values = self(*_halves(entries))
+        return (*keys, *values)
+
+
+def _halves(entries: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The memory ``(keys, values)`` from its entries flattened as keys then values (every entry has one of each)."""
+    half = len(entries) // 2
+    return list(entries[:half]), list(entries[half:])
 
 
 def _check_arguments(args: Dict[str, Any]) -> None:
@@ -441,8 +447,7 @@ class VisionTransformerQimia(nn.Module):
         for i, layer in enumerate(self.blocks):
             if i <= last:
                 if self.grad_checkpointing and not torch.jit.is_scripting():
-                    entries = checkpoint(layer.forward_flat, len(keys), *keys, *values)
-                    keys, values = list(entries[:len(entries) // 2]), list(entries[len(entries) // 2:])
+                    keys, values = _halves(checkpoint(layer.forward_flat, *keys, *values))
                 else:
                     keys, values = layer(keys, values)
                 if i in taken:
