@@ -45,8 +45,9 @@ PRUNE_MAX_SIZE = 64
 PRUNE_MODELS = [name for name in MODELS if '_base' not in name]
 
 # timm's fx tests trace a model's code, which neither its width nor its input size changes: they run on the 32 x 32
-# models narrower than base, one or more of each architecture and option set (tracing a QIMIA model takes seconds,
-# torchvision's node naming being quadratic in the graph's 4,000 nodes). timm's other tests run on every model.
+# models narrower than base, one or more of each architecture and option set (tracing a QIMIA model takes seconds: its
+# graph has some 4,000 nodes, each of which torchvision names by a search of the submodules). timm's other tests run
+# on every model.
 FX_MODELS = [name for name in PRUNE_MODELS if '224' not in name]
 
 
