@@ -348,6 +348,33 @@ def test_weights_of_another_size_name_the_entries_that_differ(shipped, tmp_path)
                             'train.py --model and --model-kwargs).')
 
 
+@pytest.mark.parametrize('name', [HYPERBF, QIMIA])
+@pytest.mark.parametrize('kwargs, built', [
+    (dict(reg_tokens=4), 'a class token and 4 register tokens'),
+    (dict(class_token=False, global_pool='avg'), 'no class token and 0 register tokens'),
+])
+def test_weights_with_other_prefix_tokens_name_the_model_arguments_that_fit_them(shipped, name, kwargs, built):
+    with pytest.raises(PretrainedWeightsError) as e:
+        timm.create_model(name, pretrained=True, **kwargs)
+    assert str(e.value) == (
+        f'{shipped[name]} does not fit {name} as built: the weights have a class token and 0 register tokens, the '
+        f'model {built}. Create the model with class_token=True and reg_tokens=0, as the weights were trained.')
+
+
+@pytest.mark.parametrize('name', [HYPERBF, QIMIA])
+def test_weights_with_register_tokens_load_into_a_model_built_with_them(shipped, tmp_path, name):
+    trained_as = dict(reg_tokens=2, class_token=False, global_pool='avg')
+    state_dict = weights(name, **trained_as)
+    save_file(state_dict, tmp_path / 'registers.safetensors')
+    assert load_error(tmp_path / 'registers.safetensors', name).endswith(
+        "the weights have no class token and 2 register tokens, the model a class token and 0 register tokens. "
+        "Create the model with class_token=False and reg_tokens=2 (and global_pool='avg' or 'map'), as the weights "
+        "were trained.")
+    model = timm.create_model(name, pretrained=True, **trained_as,
+                              pretrained_cfg_overlay=dict(file=str(tmp_path / 'registers.safetensors')))
+    assert_loaded(model, state_dict)
+
+
 def test_average_pooling_says_to_keep_the_norm_the_weights_pool_after(shipped):
     """timm's ViT with ``global_pool='avg'`` norms after the pooling (``fc_norm``), a layer the weights lack."""
     with pytest.raises(PretrainedWeightsError) as e:

@@ -33,6 +33,7 @@ OPTIONS = {
     'block_memory': dict(memory_block_size=3),
     'avg_pool': dict(global_pool='avg', class_token=False),
     'map_pool': dict(global_pool='map'),
+    'register_tokens': dict(reg_tokens=4),
     'keys_from_values': dict(keys_from_values=True),
     'sublayer_values': dict(sublayer_values=True),
     'one_depth_head': dict(depth_num_heads=1),
@@ -42,7 +43,7 @@ OPTIONS = {
 # every option away from its default, in one model (and AttnRes's with the report's)
 ALL_OPTIONS = dict(
     key_dim=32, key_norm=True, value_norm='batchnorm', depth_kernel='gaussian', drop_path_rate=.2, null_entry=True,
-    memory_block_size=2, global_pool='avg', class_token=False,
+    memory_block_size=2, global_pool='avg', class_token=False, reg_tokens=2,
 )
 ALL_ATTNRES_OPTIONS = dict(ATTNRES, value_norm='batchnorm', depth_kernel='gaussian', drop_path_rate=.2,
                            null_entry=True, memory_block_size=2, global_pool='map')
@@ -463,6 +464,28 @@ def test_map_pooling_is_timms_attention_pooling_over_the_patch_tokens():
     assert isinstance(model.attn_pool, AttentionPoolLatent) and model(x).shape == (2, 4)
 
 
+def test_register_tokens_follow_the_class_token_with_positions_and_are_left_out_of_pooling_and_features():
+    model = small(reg_tokens=4, global_pool='avg').eval()
+    assert model.num_prefix_tokens == 5 and model.pos_embed.shape == (1, 5 + 64, 192)
+    assert model.reg_token.shape == (1, 4, 192) and 'reg_token' in model.no_weight_decay()
+    x = images()
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        assert tokens.shape == (2, 5 + 64, 192)
+        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), tokens[:, 5:].mean(1))
+        maps = model.forward_intermediates(x, intermediates_only=True, return_prefix_tokens=True)
+        assert [(y.shape, prefix.shape) for y, prefix in maps] == [((2, 192, 8, 8), (2, 5, 192))] * 2
+        out = model(x)
+        model.reg_token.normal_()
+        assert not torch.allclose(model(x), out)  # every token attention sees them
+    model.set_input_size(img_size=(32, 48))
+    assert model.pos_embed.shape == (1, 5 + 8 * 12, 192)
+    assert model(torch.randn(1, 3, 32, 48)).shape == (1, 10)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=.05, layer_decay=.75)
+    stem = next(g for g in optimizer.param_groups if any(p is model.reg_token for p in g['params']))
+    assert any(p is model.cls_token for p in stem['params'])  # the stem's layer-decay group
+
+
 # --- every input a user may give -----------------------------------------------------------------------------------
 
 INPUT_OPTIONS = ['default', 'batchnorm_values', 'null_entry', 'attnres', 'block_attnres']
@@ -512,6 +535,7 @@ def test_half_precision_models_run_on_the_cpu(option, dtype):
     # out of range
     (dict(key_dim=0), ValueError, 'key_dim must be an integer >= 1, or None for the default, got 0'),
     (dict(num_classes=-1), ValueError, 'num_classes must be an integer >= 0, got -1'),
+    (dict(reg_tokens=-1), ValueError, 'reg_tokens must be an integer >= 0, got -1'),
     (dict(drop_path_rate=1.5), ValueError, r'drop_path_rate must be a rate in \[0, 1\), got 1.5'),
     (dict(attn_drop_rate=-.1), ValueError, r'attn_drop_rate must be a rate in \[0, 1\), got -0.1'),
     (dict(mlp_ratio=0), ValueError, r'mlp_ratio must be a number with int\(embed_dim \* mlp_ratio\) >= 1'),

@@ -120,6 +120,7 @@ def build_model(
     def filter_and_check(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, Any]:
         """The model's own filter, then the check that the weights fit, apart from what timm adapts: the input
         layer (to ``in_chans``) and, where the number of classes differs, the classifier (left out)."""
+        _check_prefix_tokens(state_dict, model, location, variant)
         if pretrained_filter_fn is not None:
             state_dict = pretrained_filter_fn(state_dict, model)
         _check_input_channels(state_dict, model, cfg.first_conv, location, variant)
@@ -145,6 +146,24 @@ def build_model(
         pretrained_filter_fn=filter_and_check, pretrained_strict=pretrained_strict, **kwargs)
     _clean_pretrained_cfgs(model, own_file)
     return model
+
+
+def _check_prefix_tokens(state_dict: Dict[str, Any], model: nn.Module, location: str, variant: str) -> None:
+    """Weights with another class token or other register tokens than the model raise naming the model arguments
+    that fit them (the filter would otherwise resample their position embedding with the model's count, and fail)."""
+    if not isinstance(state_dict.get('pos_embed'), torch.Tensor) or not hasattr(model, 'num_prefix_tokens'):
+        return
+    registers = state_dict.get('reg_token')
+    given = ('cls_token' in state_dict, registers.shape[1] if isinstance(registers, torch.Tensor) else 0)
+    built = (getattr(model, 'cls_token', None) is not None, getattr(model, 'num_reg_tokens', 0))
+    if given != built:
+        def tokens(class_token: bool, reg_tokens: int) -> str:
+            return f"{'a' if class_token else 'no'} class token and {reg_tokens} register tokens"
+        pool = '' if given[0] else " (and global_pool='avg' or 'map')"
+        raise PretrainedWeightsError(
+            f'{location} does not fit {variant} as built: the weights have {tokens(*given)}, the model '
+            f'{tokens(*built)}. Create the model with class_token={given[0]} and reg_tokens={given[1]}{pool}, as the '
+            'weights were trained.')
 
 
 def _check_input_channels(

@@ -138,7 +138,7 @@ def _check_arguments(args: Dict[str, Any]) -> None:
                  'dynamic_img_size', 'dynamic_img_pad'):
         check_flag(name, args[name])
     for name, low in (('in_chans', 1), ('num_classes', 0), ('embed_dim', 1), ('depth', 1), ('num_heads', 1),
-                      ('memory_block_size', 1), ('key_dim', 1), ('depth_num_heads', 1)):
+                      ('memory_block_size', 1), ('reg_tokens', 0), ('key_dim', 1), ('depth_num_heads', 1)):
         optional = name in ('key_dim', 'depth_num_heads')
         if not (optional and args[name] is None):
             check_number(name, args[name], numbers.Integral, lambda v: v >= low,
@@ -199,6 +199,8 @@ class VisionTransformerQimia(nn.Module):
             summed, so that reads attend over the stem's entries, the finished summaries and the current one. 1
             keeps every entry.
         class_token: Prepend a class token.
+        reg_tokens: Register tokens (Darcet et al., 2024) after the class token, as in timm's ViT: learned tokens
+            with positions of their own, in every token attention and left out of pooling and features.
         dynamic_img_size: Accept any input size, resampling the position embedding on the fly.
         dynamic_img_pad: Pad inputs whose size is not a multiple of the patch size.
         drop_rate: Dropout before the head.
@@ -234,6 +236,7 @@ class VisionTransformerQimia(nn.Module):
             null_entry: bool = False,
             memory_block_size: int = 1,
             class_token: bool = True,
+            reg_tokens: int = 0,
             dynamic_img_size: bool = False,
             dynamic_img_pad: bool = False,
             drop_rate: float = 0.,
@@ -258,7 +261,8 @@ class VisionTransformerQimia(nn.Module):
         self.in_chans = in_chans
         self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
         self.num_heads, self.mlp_ratio = num_heads, mlp_ratio
-        self.num_prefix_tokens = 1 if class_token else 0
+        self.num_reg_tokens = reg_tokens
+        self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
         self.has_class_token = class_token
         self.dynamic_img_size = dynamic_img_size
         self.sublayer_values = sublayer_values
@@ -277,6 +281,7 @@ class VisionTransformerQimia(nn.Module):
         )
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.empty(1, 1, embed_dim, **dd)) if class_token else None
+        self.reg_token = nn.Parameter(torch.empty(1, reg_tokens, embed_dim, **dd)) if reg_tokens else None
         self.pos_embed = nn.Parameter(torch.empty(1, num_patches + self.num_prefix_tokens, embed_dim, **dd))
         self.pos_drop = nn.Dropout(p=pos_drop_rate)
         batchnorm = value_norm == 'batchnorm'
@@ -336,6 +341,8 @@ class VisionTransformerQimia(nn.Module):
         trunc_normal_(self.pos_embed, std=.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         if self.null_key is not None:
             trunc_normal_(self.null_key, std=.02)
         if self.null_value is not None:
@@ -346,15 +353,15 @@ class VisionTransformerQimia(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """Position embedding, class token, null entry, and every depth-attention query and Gaussian width: decay
-        would pull reads back to the uniform average and widths to zero rather than regularise them."""
+        """Position embedding, class and register tokens, null entry, and every depth-attention query and Gaussian
+        width: decay would pull reads back to the uniform average and widths to zero rather than regularise them."""
         no_decay = {n for n, _ in self.named_parameters() if n.rsplit('.', 1)[-1] in NO_DECAY_PARAM_NAMES}
-        return {'pos_embed', 'cls_token', 'null_key', 'null_value'} | no_decay
+        return {'pos_embed', 'cls_token', 'reg_token', 'null_key', 'null_value'} | no_decay
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict:
         return dict(
-            stem=r'^cls_token|pos_embed|patch_embed|patch_key|pos_key|patch_value_norm|pos_value_norm|null_',
+            stem=r'^cls_token|reg_token|pos_embed|patch_embed|patch_key|pos_key|patch_value_norm|pos_value_norm|null_',
             blocks=[(r'^blocks\.(\d+)', None), (r'^read_out|^norm', (99999,))],
         )
 
@@ -419,8 +426,13 @@ class VisionTransformerQimia(nn.Module):
             pos_embed = resample_abs_pos_embed(pos_embed, new_size=[H, W], old_size=self.patch_embed.grid_size,
                                                num_prefix_tokens=self.num_prefix_tokens)
             tokens = tokens.view(B, -1, C)
-        if self.cls_token is not None:  # in the tokens' dtype, so that the entry's dtype does not depend on it
-            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], dim=1)
+        prefix: List[torch.Tensor] = []  # in the tokens' dtype, so that the entry's dtype does not depend on them
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype))
+        if len(prefix) > 0:
+            tokens = torch.cat(prefix + [tokens], dim=1)
         if self.sublayer_values:
             tokens = tokens + pos_embed
         tokens = self.pos_drop(tokens)
