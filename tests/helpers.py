@@ -34,11 +34,12 @@ def layer_normed(*shape: int, seed: int = 1234) -> torch.Tensor:
 
 
 def compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor, backend: str) -> None:
-    """``torch.compile(model, fullgraph=True)`` (which raises on any graph break) gives the eager outputs in eval, and
-    the eager loss and gradients in a training step (the same seed, so the same dropout masks)."""
+    """``torch.compile(model, fullgraph=True)`` (which raises on any graph break) gives the eager outputs in eval
+    under ``torch.inference_mode`` (as timm's train.py evaluates, and its validate.py and inference.py run), and the
+    eager loss and gradients in a training step (the same seed, so the same dropout masks)."""
     compiled = torch.compile(model, fullgraph=True, backend=backend)
     model.eval()
-    with torch.no_grad():
+    with torch.inference_mode():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     model.train()
     target = torch.arange(x.shape[0]) % model.num_classes

@@ -8,11 +8,10 @@ Nothing of timm is copied.
 
 * ``test_models_py``: timm's ``tests/test_models.py`` in a subprocess that loads ``timm_hbf`` as a pytest plugin,
   selecting every model of one family module (the AttnRes models live in ``vit_qimia``): forward, backward, cfg,
-  TorchScript and fx tests.
+  TorchScript and fx tests (fx: :data:`CODE_MODELS`).
 * ``test_forward_intermediates*``, ``test_prune_intermediate_layers_contract``: timm parametrizes these over its own
-  modules only, so they are called directly for each of our models.
+  modules only, so they are called directly for each of our models (the prune contract: :data:`CODE_MODELS`).
 """
-import functools
 import importlib.util
 import os
 import re
@@ -38,17 +37,12 @@ SDIST_VARIABLE = 'TIMM_HBF_TIMM_SDIST'  # a timm-VERSION.tar.gz, or a folder hol
 FAMILIES = ['vit_hyperbf', 'vit_qimia']
 MODELS = [name for family in FAMILIES for name in timm.list_models(module=family)]
 
-# The prune contract costs O(depth^2) forwards plus backwards; it runs at this input size at most, and on the models
-# narrower than the base ones, which have the same depth and code (its checks depend on neither the size nor the
-# width). The intermediates tests run on every model at its own input size.
-PRUNE_MAX_SIZE = 64
-PRUNE_MODELS = [name for name in MODELS if '_base' not in name]
-
-# timm's fx tests trace a model's code, which neither its width nor its input size changes: they run on the 32 x 32
-# models narrower than base, one or more of each architecture and option set (tracing a QIMIA model takes seconds: its
-# graph has some 4,000 nodes, each of which torchvision names by a search of the submodules). timm's other tests run
-# on every model.
-FX_MODELS = [name for name in PRUNE_MODELS if '224' not in name]
+# timm's fx tests and its prune contract check a model's code, which neither its width nor its input size changes,
+# and cost the most (the contract runs O(depth^2) forwards and backwards; tracing a QIMIA model takes seconds: its graph
+# has some 4,000 nodes, each of which torchvision names by a search of the submodules). They run on one 32 x 32 model of
+# each architecture and option set, the tiny ones and those with options of their own: the small, base and
+# 224 x 224 models are the tiny ones' code at other widths and input sizes. timm's other tests run on every model.
+CODE_MODELS = [name for name in MODELS if not any(other in name for other in ('_small', '_base', '224'))]
 
 
 def _timm_sdist(version: str) -> Path:
@@ -149,17 +143,17 @@ def _summary(output: str, outcome: str) -> int:
 
 
 def _selection(models: List[str]) -> str:
-    """pytest's ``-k`` expression for timm's tests of ``models``: every test, the fx ones of :data:`FX_MODELS` only.
+    """pytest's ``-k`` expression for timm's tests of ``models``: every test, the fx ones of :data:`CODE_MODELS` only.
     Names match as substrings, so an fx test, whose id ends in its model's name (``test_model_forward_fx[1-NAME]``),
     is named with the bracket."""
-    fx_models = ' or '.join(f'{name}]' for name in models if name in FX_MODELS)
+    fx_models = ' or '.join(f'{name}]' for name in models if name in CODE_MODELS)
     return f'({" or ".join(models)}) and (not fx or {fx_models or "no_model"})'
 
 
 @pytest.mark.parametrize('family', FAMILIES)
 def test_models_py(family: str, timm_sdist: Path, tmp_path: Path):
     """timm's tests/test_models.py on every model of ``family``: each passes timm's forward and backward tests, the
-    models of :data:`FX_MODELS` its fx tests too, and no test fails."""
+    models of :data:`CODE_MODELS` its fx tests too, and no test fails."""
     env = dict(os.environ)
     # the timm_hbf imported here, after whatever PYTHONPATH selects (e.g. another timm)
     env['PYTHONPATH'] = os.pathsep.join(
@@ -179,7 +173,7 @@ def test_models_py(family: str, timm_sdist: Path, tmp_path: Path):
     assert _summary(output, 'failed') == 0, report
     passed = set(re.findall(r'::(\w+)\[\d+-([\w.]+)\] PASSED', output))
     expected = {(test, model) for model in models for test in ('test_model_forward', 'test_model_backward')}
-    expected |= {(test, model) for model in models if model in FX_MODELS
+    expected |= {(test, model) for model in models if model in CODE_MODELS
                  for test in ('test_model_forward_fx', 'test_model_backward_fx')}
     assert not expected - passed, f'did not pass: {sorted(expected - passed)}\n{report}'
 
@@ -194,13 +188,6 @@ def test_forward_intermediates_features(model_name: str, timm_test_models: Modul
     _timm_test(timm_test_models, 'test_model_forward_intermediates_features')(model_name, batch_size=1)
 
 
-@pytest.mark.parametrize('model_name', PRUNE_MODELS)
-def test_prune_intermediate_layers_contract(
-        model_name: str, timm_test_models: ModuleType, monkeypatch: pytest.MonkeyPatch):
-    contract = _timm_test(timm_test_models, 'test_prune_intermediate_layers_contract')
-    chans, *size = timm.get_pretrained_cfg_value(model_name, 'input_size')
-    if max(size) > PRUNE_MAX_SIZE:
-        overlay = dict(input_size=(chans, PRUNE_MAX_SIZE, PRUNE_MAX_SIZE))
-        monkeypatch.setattr(
-            timm_test_models, 'create_model', functools.partial(timm.create_model, pretrained_cfg_overlay=overlay))
-    contract(model_name)
+@pytest.mark.parametrize('model_name', CODE_MODELS)
+def test_prune_intermediate_layers_contract(model_name: str, timm_test_models: ModuleType):
+    _timm_test(timm_test_models, 'test_prune_intermediate_layers_contract')(model_name)
