@@ -34,6 +34,7 @@ OPTIONS = {
     'avg_pool': dict(global_pool='avg', class_token=False),
     'map_pool': dict(global_pool='map'),
     'register_tokens': dict(reg_tokens=4),
+    'qk_norm': dict(qk_norm=True),
     'keys_from_values': dict(keys_from_values=True),
     'sublayer_values': dict(sublayer_values=True),
     'one_depth_head': dict(depth_num_heads=1),
@@ -43,7 +44,7 @@ OPTIONS = {
 # every option away from its default, in one model (and AttnRes's with the report's)
 ALL_OPTIONS = dict(
     key_dim=32, key_norm=True, value_norm='batchnorm', depth_kernel='gaussian', drop_path_rate=.2, null_entry=True,
-    memory_block_size=2, global_pool='avg', class_token=False, reg_tokens=2,
+    memory_block_size=2, global_pool='avg', class_token=False, reg_tokens=2, qk_norm=True,
 )
 ALL_ATTNRES_OPTIONS = dict(ATTNRES, value_norm='batchnorm', depth_kernel='gaussian', drop_path_rate=.2,
                            null_entry=True, memory_block_size=2, global_pool='map')
@@ -464,6 +465,23 @@ def test_map_pooling_is_timms_attention_pooling_over_the_patch_tokens():
     assert isinstance(model.attn_pool, AttentionPoolLatent) and model(x).shape == (2, 4)
 
 
+@pytest.mark.parametrize('option', ['default', 'attnres'])
+def test_qk_norm_normalises_every_token_attentions_queries_and_keys_as_in_timms_vit(option):
+    """``qk_norm=True``: the token attention is timm's, with the per-head LayerNorms of timm's ViT on q and k (in
+    AttnRes too); without it, none."""
+    vit = timm.create_model('vit_tiny_patch16_224', depth=1, qk_norm=True).blocks[0].attn
+    model, plain = small(**OPTIONS[option], qk_norm=True), small(**OPTIONS[option])
+    for layer, plain_layer in zip(model.blocks, plain.blocks):
+        attn = layer.attn.body
+        assert type(attn) is type(vit)
+        for norm, theirs in ((attn.q_norm, vit.q_norm), (attn.k_norm, vit.k_norm)):
+            assert type(norm) is type(theirs) and isinstance(norm, torch.nn.LayerNorm)
+            assert (norm.normalized_shape, norm.eps) == (theirs.normalized_shape, theirs.eps) == ((64,), 1e-6)
+        assert isinstance(plain_layer.attn.body.q_norm, torch.nn.Identity)
+    names = {n for n, _ in model.named_parameters()} - {n for n, _ in plain.named_parameters()}
+    assert names == {f'blocks.{i}.attn.body.{qk}_norm.{p}' for i in range(2) for qk in 'qk' for p in ('weight', 'bias')}
+
+
 def test_register_tokens_follow_the_class_token_with_positions_and_are_left_out_of_pooling_and_features():
     model = small(reg_tokens=4, global_pool='avg').eval()
     assert model.num_prefix_tokens == 5 and model.pos_embed.shape == (1, 5 + 64, 192)
@@ -531,6 +549,7 @@ def test_half_precision_models_run_on_the_cpu(option, dtype):
     (dict(memory_block_size=2.5), TypeError, 'memory_block_size must be an integer >= 1, got 2.5'),
     (dict(depth='12'), TypeError, "depth must be an integer >= 1, got '12'"),
     (dict(key_norm=1), TypeError, 'key_norm must be True or False, got 1'),
+    (dict(qk_norm='yes'), TypeError, "qk_norm must be True or False, got 'yes'"),
     (dict(drop_path_rate='0.1'), TypeError, r"drop_path_rate must be a rate in \[0, 1\), got '0.1'"),
     # out of range
     (dict(key_dim=0), ValueError, 'key_dim must be an integer >= 1, or None for the default, got 0'),

@@ -31,6 +31,7 @@ import torch
 from timm.layers import (
     Attention,
     AttentionPoolLatent,
+    LayerNorm,
     Mlp,
     PatchEmbed,
     resample_abs_pos_embed,
@@ -134,7 +135,7 @@ def _halves(entries: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], List[t
 
 def _check_arguments(args: Dict[str, Any]) -> None:
     """Every constructor argument of :class:`VisionTransformerQimia` checked for type and range."""
-    for name in ('qkv_bias', 'key_norm', 'keys_from_values', 'sublayer_values', 'null_entry', 'class_token',
+    for name in ('qkv_bias', 'qk_norm', 'key_norm', 'keys_from_values', 'sublayer_values', 'null_entry', 'class_token',
                  'dynamic_img_size', 'dynamic_img_pad'):
         check_flag(name, args[name])
     for name, low in (('in_chans', 1), ('num_classes', 0), ('embed_dim', 1), ('depth', 1), ('num_heads', 1),
@@ -182,6 +183,8 @@ class VisionTransformerQimia(nn.Module):
         num_heads: Heads of the token attention.
         mlp_ratio: Feed-forward hidden width, as a multiple of ``embed_dim``.
         qkv_bias: Bias on the token attention's q, k, v projection.
+        qk_norm: LayerNorm on the token attention's queries and keys, per head, as in timm's ViT (its ``LayerNorm``,
+            eps 1e-6).
         key_dim: Width of the memory keys and queries (default ``embed_dim // 3``, the report found small keys train
             best; ``embed_dim`` with ``keys_from_values``).
         depth_num_heads: Depth-attention heads (default ``key_dim // 8``, heads of 8 key channels as in the report's
@@ -226,6 +229,7 @@ class VisionTransformerQimia(nn.Module):
             num_heads: int = 12,
             mlp_ratio: float = 4.,
             qkv_bias: bool = True,
+            qk_norm: bool = False,
             key_dim: Optional[int] = None,
             depth_num_heads: Optional[int] = None,
             depth_kernel: str = 'dot',
@@ -310,8 +314,9 @@ class VisionTransformerQimia(nn.Module):
         hidden = int(embed_dim * mlp_ratio)
         self.blocks = nn.ModuleList([  # layers take and return the memory, so not a Sequential
             QimiaLayer(
-                block(2 * i, Attention(embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                                       proj_drop=proj_drop_rate, **dd), embed_dim),
+                block(2 * i, Attention(embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
+                                       attn_drop=attn_drop_rate, proj_drop=proj_drop_rate,
+                                       norm_layer=LayerNorm, **dd), embed_dim),
                 block(2 * i + 1, Mlp(embed_dim, hidden, drop=proj_drop_rate, **dd), embed_dim) if sublayer_values
                 else block(2 * i + 1, nn.Sequential(nn.Linear(embed_dim, hidden, **dd), nn.Dropout(proj_drop_rate)),
                            hidden),
