@@ -108,6 +108,32 @@ def test_is_timms_vision_transformer_with_hyperbf_layers():
     assert all(type(b) is timm.models.vision_transformer.Block for b in model.blocks)
 
 
+@pytest.mark.parametrize('block_fn', ['ResPostBlock', 'ParallelThingsBlock'])
+def test_timms_other_blocks_are_built_with_hyperbf_layers(block_fn):
+    """timm's post-norm and parallel blocks take the attention and MLP layers they are given, so ``block_fn`` makes
+    a post-norm or parallel HyperBF ViT."""
+    model = small(block_fn=getattr(timm.models.vision_transformer, block_fn))
+    assert all(type(b).__name__ == block_fn for b in model.blocks)
+    for kind in (HyperBFAttention, HyperBFMlp):
+        assert all(any(isinstance(m, kind) for m in b.modules()) for b in model.blocks)
+    train_step(model)
+
+
+def test_a_block_that_builds_layers_of_its_own_is_rejected_and_not_built_into_a_plain_vit():
+    """timm's ParallelScalingBlock takes attn_layer and mlp_layer but fuses a linear attention and MLP of its own:
+    the model would be timm's ViT under a HyperBF name."""
+    with pytest.raises(ValueError, match=r"block_fn must be a block that builds the attn_layer and mlp_layer it "
+                                         r"is given, .* got <class '.*ParallelScalingBlock'>"):
+        small(block_fn=timm.models.vision_transformer.ParallelScalingBlock)
+
+
+@pytest.mark.parametrize('name, layer', [('attn_layer', 'HyperBFAttention'), ('mlp_layer', 'HyperBFMlp')])
+def test_the_attention_and_mlp_layers_cannot_be_replaced(name, layer):
+    """They are what makes the model HyperBF (timm's ViT would otherwise say it got the argument twice)."""
+    with pytest.raises(TypeError, match=rf"{name} must be left unset: the HyperBF ViT sets it to {layer}, .*got 'x'"):
+        small(**{name: 'x'})
+
+
 @pytest.mark.parametrize('case', ['vit_hyperbf_default', 'vit_hyperbf_options', 'vit_hyperbf_avgpool'])
 def test_checkpoints_of_version_0_1_load_and_give_their_logits(case):
     """Checkpoints that timm_hbf 0.1.0 wrote load strictly and reproduce its logits, on both attention paths. With

@@ -1,5 +1,6 @@
 """The QIMIA ViT family and Attention Residuals: depth attention in place of residuals, the report's and AttnRes's
 options, diagnostics, every input a user may give, and timm's API."""
+import inspect
 import json
 
 import pytest
@@ -8,12 +9,17 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from timm.layers import resample_abs_pos_embed
-from timm.models import save_for_hf
+from timm.models import VisionTransformer, save_for_hf
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
 from tests.helpers import ShapeRecorder, compiled_matches_eager, legacy_checkpoint, saved_activation_bytes
-from timm_hbf.models.vit_qimia import VisionTransformerQimia, checkpoint_filter_fn, depth_attention_stats
+from timm_hbf.models.vit_qimia import (
+    VIT_ARGUMENTS_NOT_TAKEN,
+    VisionTransformerQimia,
+    checkpoint_filter_fn,
+    depth_attention_stats,
+)
 
 NAMES = [
     'vit_attnres_block_tiny', 'vit_attnres_block_tiny_patch16_224', 'vit_attnres_tiny', 'vit_attnres_tiny_patch16_224',
@@ -575,6 +581,15 @@ def test_half_precision_models_run_on_the_cpu(option, dtype):
 def test_bad_arguments_raise_naming_the_argument_the_value_and_what_is_allowed(kwargs, error, message):
     with pytest.raises(error, match=message):
         small(**kwargs)
+
+
+@pytest.mark.parametrize('name', sorted(VIT_ARGUMENTS_NOT_TAKEN))
+def test_timm_vit_arguments_without_a_counterpart_raise_saying_why(name):
+    """Each is an argument of timm's VisionTransformer that the QIMIA family has no counterpart for."""
+    assert name in inspect.signature(VisionTransformer).parameters
+    assert name not in inspect.signature(VisionTransformerQimia).parameters
+    with pytest.raises(TypeError, match=rf"vit_qimia_tiny does not take timm ViT's {name}: .+\. Leave it out\."):
+        small(**{name: 1})
 
 
 def test_reset_classifier_checks_its_arguments():

@@ -25,7 +25,7 @@ import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from .._checks import check_choice, check_flag, check_positive
+from .._checks import check_choice, check_flag, check_positive, fail
 from ..layers import KERNELS, HyperBFAttention, HyperBFMlp
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
@@ -47,7 +47,9 @@ def _layer_class(cls: type, **defaults) -> type:
 class VisionTransformerHyperBF(VisionTransformer):
     """timm's ``VisionTransformer`` with HyperBF attention and HyperBF MLPs.
 
-    Takes every argument of ``VisionTransformer`` (``mlp_ratio`` sets the number of centres per MLP), and:
+    Takes every argument of ``VisionTransformer`` (``mlp_ratio`` sets the number of centres per MLP) but
+    ``attn_layer`` and ``mlp_layer``, which it sets; ``block_fn`` must build the attention and MLP layers it is given
+    (timm's ``Block``, ``ResPostBlock`` and ``ParallelThingsBlock`` do, ``ParallelScalingBlock`` fuses its own). And:
 
     Args:
         kernel: ``'gaussian'`` (default) or ``'laplacian'`` for every HyperBF unit.
@@ -73,6 +75,11 @@ class VisionTransformerHyperBF(VisionTransformer):
         check_flag('attn_gamma_per_head', attn_gamma_per_head)
         if attn_gamma_init is not None:
             check_positive('attn_gamma_init (the initial attention width; None for the default)', attn_gamma_init)
+        for name, layer in (('attn_layer', 'HyperBFAttention'), ('mlp_layer', 'HyperBFMlp')):
+            if name in kwargs:
+                fail(name, kwargs[name], f"left unset: the HyperBF ViT sets it to {layer}, whose options are the "
+                                         "model's own arguments (for another layer, build timm's VisionTransformer)",
+                     TypeError)
         super().__init__(
             attn_layer=_layer_class(
                 HyperBFAttention, kernel=kernel, mahalanobis=mahalanobis, gamma_per_head=attn_gamma_per_head,
@@ -80,6 +87,11 @@ class VisionTransformerHyperBF(VisionTransformer):
             mlp_layer=partial(HyperBFMlp, kernel=kernel, mahalanobis=mahalanobis, normalized=mlp_normalized),
             **kwargs,
         )
+        if not all(any(isinstance(m, HyperBFAttention) for m in block.modules()) and
+                   any(isinstance(m, HyperBFMlp) for m in block.modules()) for block in self.blocks):
+            fail('block_fn', kwargs.get('block_fn'),
+                 "a block that builds the attn_layer and mlp_layer it is given, as timm's Block (the default), "
+                 "ResPostBlock and ParallelThingsBlock do (it built a block without HyperBF layers)")
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:

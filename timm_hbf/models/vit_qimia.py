@@ -168,6 +168,22 @@ def _check_arguments(args: Dict[str, Any]) -> None:
         fail('key_norm', True, 'False with keys_from_values, whose keys are RMS-normalised already')
 
 
+# Arguments of timm's VisionTransformer that the QIMIA family does not take, and why (create_model says so, where
+# Python would only call the argument unexpected)
+VIT_ARGUMENTS_NOT_TAKEN = {
+    **dict.fromkeys(('init_values', 'fix_init'), 'it scales residual branches, and there is no residual stream: '
+                                                 'every read is a normalised softmax-weighted average of the memory'),
+    **dict.fromkeys(('pos_embed', 'no_embed_class', 'patch_drop_rate'),
+                    'the position embedding is a learned memory entry over every token, the prefix tokens too, '
+                    'shared by the batch'),
+    **dict.fromkeys(('pre_norm', 'final_norm', 'fc_norm', 'pool_include_prefix'),
+                    'the output is a last read of the memory, then LayerNorm and global_pool'),
+    **dict.fromkeys(('block_fn', 'attn_layer', 'mlp_layer', 'embed_layer', 'embed_norm_layer', 'norm_layer',
+                     'act_layer', 'proj_bias', 'scale_attn_norm', 'scale_mlp_norm'),
+                    "the blocks are the report's and AttnRes's, and their options are the model's own arguments"),
+}
+
+
 class VisionTransformerQimia(nn.Module):
     """Vision Transformer whose sublayers read a memory of all earlier outputs instead of a residual stream.
 
@@ -619,6 +635,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
 
 
 def _create_vit_qimia(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
+    for name in VIT_ARGUMENTS_NOT_TAKEN.keys() & kwargs.keys():
+        raise TypeError(f"{variant} does not take timm ViT's {name}: {VIT_ARGUMENTS_NOT_TAKEN[name]}. Leave it out.")
     return build_vit(VisionTransformerQimia, variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
