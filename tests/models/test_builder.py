@@ -368,8 +368,8 @@ def test_weights_with_register_tokens_load_into_a_model_built_with_them(shipped,
     save_file(state_dict, tmp_path / 'registers.safetensors')
     assert load_error(tmp_path / 'registers.safetensors', name).endswith(
         "the weights have no class token and 2 register tokens, the model a class token and 0 register tokens. "
-        "Create the model with class_token=False and reg_tokens=2 (and global_pool='avg' or 'map'), as the weights "
-        "were trained.")
+        "Create the model with class_token=False and reg_tokens=2 (and a global_pool other than 'token'), as the "
+        "weights were trained.")
     model = timm.create_model(name, pretrained=True, **trained_as,
                               pretrained_cfg_overlay=dict(file=str(tmp_path / 'registers.safetensors')))
     assert_loaded(model, state_dict)
@@ -382,8 +382,8 @@ def test_average_pooling_says_to_keep_the_norm_the_weights_pool_after(shipped):
     assert str(e.value) == (
         f'{shipped[HYPERBF]} does not fit {HYPERBF} as built: 2 missing (fc_norm.weight, fc_norm.bias); 2 unexpected '
         "(norm.bias, norm.weight). The weights norm the tokens before the pooling (norm), the model after it "
-        "(fc_norm, timm's ViT default with global_pool='avg'): pass fc_norm=False to pool the tokens as the weights "
-        'were trained to.')
+        "(fc_norm, timm's ViT default with global_pool 'avg', 'max' or 'avgmax'): pass fc_norm=False to pool the "
+        'tokens as the weights were trained to.')
     model = timm.create_model(HYPERBF, pretrained=True, global_pool='avg', fc_norm=False)
     assert model.global_pool == 'avg'
     assert_loaded(model, load_file(shipped[HYPERBF]))

@@ -39,6 +39,7 @@ OPTIONS = {
     'block_memory': dict(memory_block_size=3),
     'avg_pool': dict(global_pool='avg', class_token=False),
     'map_pool': dict(global_pool='map'),
+    'prr_pool': dict(global_pool='prr'),
     'register_tokens': dict(reg_tokens=4),
     'qk_norm': dict(qk_norm=True),
     'keys_from_values': dict(keys_from_values=True),
@@ -456,19 +457,35 @@ def test_path_dropout_grows_with_depth():
     assert [layer.attn.read.path_drop for layer in model.blocks] == pytest.approx([0., .15, .3])
 
 
-def test_map_pooling_is_timms_attention_pooling_over_the_patch_tokens():
-    from timm.layers import AttentionPoolLatent
-
-    model = small(global_pool='map').eval()
-    assert isinstance(model.attn_pool, AttentionPoolLatent)
-    x = images()
+@pytest.mark.parametrize('pool, class_token', [
+    (pool, class_token) for pool in ('token', 'avg', 'max', 'avgmax', 'map', 'prr') for class_token in (True, False)
+    if class_token or pool != 'token'  # (token pooling without a class token is a bad argument, tested below)
+])
+def test_every_pooling_of_timms_vit_pools_the_tokens_as_timms_vit_does(pool, class_token):
+    """Given the same tokens (register tokens among them) and the same attention-pool weights, the head's input is
+    that of timm's ViT built with the same pooling (and ``fc_norm=False``: the tokens are normed before pooling)."""
+    kwargs = dict(global_pool=pool, class_token=class_token, reg_tokens=2)
+    model = small(**kwargs).eval()
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=1, num_classes=10,
+                            fc_norm=False, **kwargs).eval()
+    assert type(model.attn_pool) is type(vit.attn_pool)
+    if model.attn_pool is not None:
+        vit.attn_pool.load_state_dict(model.attn_pool.state_dict())
     with torch.no_grad():
-        tokens = model.forward_features(x)
-        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), model.attn_pool(tokens[:, 1:]))
-    model.reset_classifier(3, 'token')
-    assert model.attn_pool is None and model(x).shape == (2, 3)
-    model.reset_classifier(4, 'map')
-    assert isinstance(model.attn_pool, AttentionPoolLatent) and model(x).shape == (2, 4)
+        tokens = model.forward_features(images())
+        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True),
+                                   vit.forward_head(tokens, pre_logits=True))
+
+
+def test_reset_classifier_switches_between_attention_pools_and_plain_ones():
+    from timm.layers import AttentionPoolLatent, AttentionPoolPrr
+
+    model = small(global_pool='map')
+    x = images()
+    for pool, kind, classes in (('token', type(None), 3), ('prr', AttentionPoolPrr, 4), ('map', AttentionPoolLatent, 5),
+                                ('avgmax', type(None), 6)):
+        model.reset_classifier(classes, pool)
+        assert model.global_pool == pool and type(model.attn_pool) is kind and model(x).shape == (2, classes)
 
 
 @pytest.mark.parametrize('option', ['default', 'attnres'])
@@ -568,13 +585,13 @@ def test_half_precision_models_run_on_the_cpu(option, dtype):
     # unknown choice
     (dict(depth_kernel='cosine'), ValueError, r"depth_kernel must be one of \('dot', 'gaussian'\), got 'cosine'"),
     (dict(value_norm='rmsnorm'), ValueError, "value_norm must be one of .*, got 'rmsnorm'"),
-    (dict(global_pool='max'), ValueError, "global_pool must be one of .*'map'.*, got 'max'"),
+    (dict(global_pool='gem'), ValueError, "global_pool must be one of .*'avgmax', 'max', 'map', 'prr'.*, got 'gem'"),
     (dict(weight_init='jax'), ValueError, "weight_init must be one of .*, got 'jax'"),
     # arguments that do not fit together
     (dict(num_heads=5), ValueError, r'num_heads must be a divisor of embed_dim \(192\), got 5'),
     (dict(depth_num_heads=5), ValueError, r'depth_num_heads must be a common divisor of key_dim \(64\) and embed_dim'),
     (dict(embed_dim=100, num_heads=4), ValueError, r'depth_num_heads .*\(the default is key_dim // 8\), got 4'),
-    (dict(class_token=False), ValueError, "global_pool must be 'avg' or 'map' without a class token"),
+    (dict(class_token=False), ValueError, r"global_pool must be one of \('avg', .*, 'prr'\) without a class token"),
     (dict(keys_from_values=True, key_dim=64), ValueError, r'key_dim must be None or embed_dim \(192\)'),
     (dict(keys_from_values=True, key_norm=True), ValueError, 'key_norm must be False with keys_from_values'),
 ])

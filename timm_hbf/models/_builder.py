@@ -132,8 +132,8 @@ def build_model(
         if mismatch:
             if 'norm.weight' in state_dict and 'norm.weight' not in expected and 'fc_norm.weight' in expected:
                 fix = (" The weights norm the tokens before the pooling (norm), the model after it (fc_norm, "
-                       "timm's ViT default with global_pool='avg'): pass fc_norm=False to pool the tokens as the "
-                       "weights were trained to.")
+                       "timm's ViT default with global_pool 'avg', 'max' or 'avgmax'): pass fc_norm=False to pool "
+                       "the tokens as the weights were trained to.")
             else:
                 saved_from = f' They were saved from a {trained_as}.' if trained_as not in (None, variant) else ''
                 fix = (f'{saved_from} Create the model the weights were trained as, with the same model arguments '
@@ -159,7 +159,7 @@ def _check_prefix_tokens(state_dict: Dict[str, Any], model: nn.Module, location:
     if given != built:
         def tokens(class_token: bool, reg_tokens: int) -> str:
             return f"{'a' if class_token else 'no'} class token and {reg_tokens} register tokens"
-        pool = '' if given[0] else " (and global_pool='avg' or 'map')"
+        pool = '' if given[0] else " (and a global_pool other than 'token')"
         raise PretrainedWeightsError(
             f'{location} does not fit {variant} as built: the weights have {tokens(*given)}, the model '
             f'{tokens(*built)}. Create the model with class_token={given[0]} and reg_tokens={given[1]}{pool}, as the '

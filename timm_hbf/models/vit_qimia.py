@@ -31,9 +31,11 @@ import torch
 from timm.layers import (
     Attention,
     AttentionPoolLatent,
+    AttentionPoolPrr,
     LayerNorm,
     Mlp,
     PatchEmbed,
+    global_pool_nlc,
     resample_abs_pos_embed,
     resample_patch_embed,
     trunc_normal_,
@@ -56,7 +58,8 @@ except ImportError:  # older timm records none, for its own ViT neither
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn', 'depth_attention_stats']
 
 VALUE_NORMS = ('layernorm', 'batchnorm')
-GLOBAL_POOLS = ('', 'token', 'avg', 'map')
+GLOBAL_POOLS = ('', 'token', 'avg', 'avgmax', 'max', 'map', 'prr')  # timm's ViT's
+ATTENTION_POOLS = ('map', 'prr')
 # depth-attention queries (decay would pull every read back to the uniform average) and Gaussian widths
 NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
 
@@ -161,7 +164,7 @@ def _check_arguments(args: Dict[str, Any]) -> None:
     if embed_dim % args['num_heads']:
         fail('num_heads', args['num_heads'], f'a divisor of embed_dim ({embed_dim})')
     if args['global_pool'] == 'token' and not args['class_token']:
-        fail('global_pool', 'token', "'avg' or 'map' without a class token (class_token=False)")
+        fail('global_pool', 'token', f"one of {GLOBAL_POOLS[2:]} without a class token (class_token=False)")
     if args['keys_from_values'] and key_dim not in (None, embed_dim):
         fail('key_dim', key_dim, f'None or embed_dim ({embed_dim}) with keys_from_values: the keys are the values')
     if args['keys_from_values'] and args['key_norm']:
@@ -192,8 +195,8 @@ class VisionTransformerQimia(nn.Module):
         patch_size: Patch size.
         in_chans: Number of image channels.
         num_classes: Number of classes of the head (0 for none).
-        global_pool: ``'token'`` (class token), ``'avg'`` (mean of patch tokens), ``'map'`` (timm's attention
-            pooling) or ``''`` (no pooling).
+        global_pool: ``'token'`` (class token), ``'avg'``, ``'max'`` or ``'avgmax'`` (over the patch tokens),
+            ``'map'`` or ``'prr'`` (timm's attention pooling) or ``''`` (no pooling), as in timm's ViT.
         embed_dim: Token (value) width.
         depth: Number of layers (each an attention and a feed-forward block).
         num_heads: Heads of the token attention.
@@ -343,18 +346,22 @@ class VisionTransformerQimia(nn.Module):
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch[0]) for i in range(depth)]
         # one LayerNorm where 0.1 had the output read's and this one (eps 1e-6 each): the same function, eps 1e-12
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6 if sublayer_values or batchnorm else 1e-12, **dd)
-        self.attn_pool = self._attention_pool() if global_pool == 'map' else None
+        self.attn_pool = self._attention_pool(global_pool) if global_pool in ATTENTION_POOLS else None
         # head (registered last: train.py's adaptive gradient clipping leaves out the last two parameters)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.init_weights(weight_init)
 
-    def _attention_pool(self) -> AttentionPoolLatent:
-        """timm's attention pooling, as timm's ViT builds it for ``global_pool='map'``."""
-        param = self.pos_embed
-        return AttentionPoolLatent(
-            self.embed_dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
-            norm_layer=partial(nn.LayerNorm, eps=1e-6), device=param.device, dtype=param.dtype)
+    def _attention_pool(self, kind: str) -> nn.Module:
+        """timm's attention pooling ``kind``, as timm's ViT builds it: ``'map'``, attention with a learned latent
+        query (over the patch tokens); ``'prr'``, parameter-free self-attention (over every token) before taking the
+        class token, or the mean without one."""
+        dd = dict(device=self.pos_embed.device, dtype=self.pos_embed.dtype)
+        if kind == 'prr':
+            return AttentionPoolPrr(self.embed_dim, num_heads=self.num_heads,
+                                    pool_type='token' if self.has_class_token else 'avg', **dd)
+        return AttentionPoolLatent(self.embed_dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio,
+                                   norm_layer=partial(nn.LayerNorm, eps=1e-6), **dd)
 
     def init_weights(self, mode: str = '') -> None:
         if mode == 'skip':
@@ -399,10 +406,10 @@ class VisionTransformerQimia(nn.Module):
         if global_pool is not None:
             if global_pool not in GLOBAL_POOLS or global_pool == 'token' and not self.has_class_token:
                 fail('global_pool', global_pool, f"one of {GLOBAL_POOLS} ('token' with a class token)")
-            if global_pool != 'map':
+            if global_pool not in ATTENTION_POOLS:
                 self.attn_pool = None
-            elif self.attn_pool is None:
-                self.attn_pool = self._attention_pool().train(self.training)
+            elif self.attn_pool is None or global_pool != self.global_pool:
+                self.attn_pool = self._attention_pool(global_pool).train(self.training)
             self.global_pool = global_pool
         self.num_classes = num_classes
         param = self.pos_embed
@@ -493,11 +500,9 @@ class VisionTransformerQimia(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.attn_pool is not None:
-            x = self.attn_pool(x[:, self.num_prefix_tokens:])
-        elif self.global_pool == 'token':
-            x = x[:, 0]
-        elif self.global_pool == 'avg':
-            x = x[:, self.num_prefix_tokens:].mean(dim=1)
+            x = self.attn_pool(x if self.global_pool == 'prr' else x[:, self.num_prefix_tokens:])
+        else:
+            x = global_pool_nlc(x, pool_type=self.global_pool, num_prefix_tokens=self.num_prefix_tokens)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
