@@ -477,6 +477,48 @@ def test_every_pooling_of_timms_vit_pools_the_tokens_as_timms_vit_does(pool, cla
                                    vit.forward_head(tokens, pre_logits=True))
 
 
+@pytest.mark.parametrize('kwargs', [
+    dict(), dict(return_prefix_tokens=True), dict(intermediates_only=True, output_fmt='NLC'),
+    dict(return_prefix_tokens=True, intermediates_only=True, norm=True),
+], ids=['features', 'prefix', 'only_nlc', 'only_prefix_norm'])
+def test_intermediates_as_a_dict_have_the_keys_and_shapes_of_timms_vit(kwargs):
+    """``output_dict=True``: the same keys and shapes as timm's ViT of the same size; the values are those of the
+    tuple form."""
+    model = small(reg_tokens=2).eval()
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=2, reg_tokens=2).eval()
+    x = images()
+    with torch.no_grad():
+        ours, timms = (m.forward_intermediates(x, indices=1, output_dict=True, **kwargs) for m in (model, vit))
+        as_tuple = model.forward_intermediates(x, indices=1, **kwargs)
+
+    def shapes(out):
+        return {k: [y.shape for y in v] if isinstance(v, list) else v.shape for k, v in out.items()}
+
+    assert shapes(ours) == shapes(timms)
+    final, intermediates = (None, as_tuple) if kwargs.get('intermediates_only') else as_tuple
+    if kwargs.get('return_prefix_tokens'):
+        intermediates, prefix = map(list, zip(*intermediates))
+        torch.testing.assert_close(ours['image_intermediates_prefix'], prefix)
+    torch.testing.assert_close(ours['image_intermediates'], intermediates)
+    if final is not None:
+        torch.testing.assert_close(ours['image_features'], final)
+
+
+def test_get_intermediate_layers_is_timms_dino_interface():
+    """The last n layers' (or the listed layers') token sequences, maps with ``reshape``, as timm's ViT gives them."""
+    model = small(depth=3).eval()
+    x = images()
+    with torch.no_grad():
+        tokens = model.forward_intermediates(x, output_fmt='NLC', intermediates_only=True)
+        maps = model.forward_intermediates(x, intermediates_only=True)
+        torch.testing.assert_close(model.get_intermediate_layers(x, n=2), tokens[1:])
+        torch.testing.assert_close(model.get_intermediate_layers(x, n=[0, 2], reshape=True), [maps[0], maps[2]])
+        (raw, raw_prefix), = model.get_intermediate_layers(x, return_prefix_tokens=True)
+        (layer, prefix), = model.get_intermediate_layers(x, return_prefix_tokens=True, norm=True)
+        torch.testing.assert_close(torch.cat([prefix, layer], 1), model.norm(torch.cat([raw_prefix, raw], 1)))
+    assert layer.shape == (2, 64, 192) and prefix.shape == (2, 1, 192)
+
+
 def test_reset_classifier_switches_between_attention_pools_and_plain_ones():
     from timm.layers import AttentionPoolLatent, AttentionPoolPrr
 

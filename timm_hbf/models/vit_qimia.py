@@ -498,12 +498,16 @@ class VisionTransformerQimia(nn.Module):
         x, _ = self._forward_taken(x, [], len(self.blocks) - 1)
         return self.norm(x)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    def pool(self, x: torch.Tensor, pool_type: Optional[str] = None) -> torch.Tensor:
+        """Tokens ``(B, N, C)`` pooled as timm's ViT pools them: by the attention pool if the model has one, else
+        by ``pool_type`` (default ``global_pool``)."""
         if self.attn_pool is not None:
-            x = self.attn_pool(x if self.global_pool == 'prr' else x[:, self.num_prefix_tokens:])
-        else:
-            x = global_pool_nlc(x, pool_type=self.global_pool, num_prefix_tokens=self.num_prefix_tokens)
-        x = self.head_drop(x)
+            return self.attn_pool(x if self.global_pool == 'prr' else x[:, self.num_prefix_tokens:])
+        pool_type = self.global_pool if pool_type is None else pool_type
+        return global_pool_nlc(x, pool_type=pool_type, num_prefix_tokens=self.num_prefix_tokens)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.head_drop(self.pool(x))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -519,7 +523,8 @@ class VisionTransformerQimia(nn.Module):
             stop_early: bool = False,
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
-    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+            output_dict: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]], Dict[str, Any]]:
         """Layer outputs (the values their feed-forward blocks wrote) along with (or instead of) the final features.
 
         Args:
@@ -530,6 +535,8 @@ class VisionTransformerQimia(nn.Module):
             stop_early: Stop after the last layer that is asked for.
             output_fmt: ``'NCHW'`` feature maps or ``'NLC'`` token sequences.
             intermediates_only: Return only the intermediates.
+            output_dict: Return a dict, as timm's ViT does: ``image_intermediates``, ``image_intermediates_prefix``
+                (with ``return_prefix_tokens``) and ``image_features`` (unless ``intermediates_only``).
         """
         if output_fmt not in ('NCHW', 'NLC'):
             fail('output_fmt', output_fmt, "'NCHW' or 'NLC'")
@@ -544,11 +551,32 @@ class VisionTransformerQimia(nn.Module):
             H, W = self.patch_embed.dynamic_feat_size((height, width)) if self.dynamic_img_size \
                 else self.patch_embed.grid_size
             intermediates = [y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+        if output_dict:
+            out: Dict[str, Any] = dict(image_intermediates=intermediates)
+            if return_prefix_tokens and self.num_prefix_tokens:
+                out['image_intermediates_prefix'] = prefix
+            if not intermediates_only:
+                out['image_features'] = self.norm(x)
+            return out
         if return_prefix_tokens and self.num_prefix_tokens:
             intermediates = list(zip(intermediates, prefix))
         if intermediates_only:
             return intermediates
         return self.norm(x), intermediates
+
+    @torch.jit.ignore
+    def get_intermediate_layers(
+            self,
+            x: torch.Tensor,
+            n: Union[int, List[int], Tuple[int, ...]] = 1,
+            reshape: bool = False,
+            return_prefix_tokens: bool = False,
+            norm: bool = False,
+    ) -> List[Any]:
+        """The DINO interface of timm's ViT: the outputs of the last ``n`` layers (or of the layers ``n`` lists),
+        token sequences ``(B, HW, C)``, or maps ``(B, C, H, W)`` with ``reshape``."""
+        return self.forward_intermediates(x, n, return_prefix_tokens=return_prefix_tokens, norm=norm,
+                                          output_fmt='NCHW' if reshape else 'NLC', intermediates_only=True)
 
     @torch.jit.ignore
     def prune_intermediate_layers(
