@@ -531,6 +531,51 @@ def test_reset_classifier_switches_between_attention_pools_and_plain_ones():
 
 
 @pytest.mark.parametrize('option', ['default', 'attnres'])
+def test_attention_masks_reach_every_token_attention_as_in_timms_vit(option):
+    """``attn_mask`` and ``is_causal`` (timm's ViT's arguments) go to every token attention; reads over depth are per
+    token. Causally, no token depends on a later one; a key masked out of every query changes no other token.
+    TorchScript and whole-graph compilation take both."""
+    model = small(**OPTIONS[option]).eval()
+    randomize_queries(model)
+    x = images()
+    later = x + 1.  # other patches after the first two (tokens 1 and 2), which stay
+    later[..., :4, :8] = x[..., :4, :8]
+    n = 1 + 64
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        torch.testing.assert_close(model.forward_features(x, attn_mask=torch.ones(n, n, dtype=torch.bool)), tokens)
+        causal = model.forward_features(x, is_causal=True)
+        torch.testing.assert_close(model.forward_features(x, attn_mask=torch.ones(n, n).tril().bool()), causal)
+        torch.testing.assert_close(model.forward_features(later, is_causal=True)[:, :3], causal[:, :3])
+        assert not torch.allclose(model.forward_features(later)[:, :3], tokens[:, :3])
+        unseen = torch.ones(n, n, dtype=torch.bool)
+        unseen[:, 3:] = False  # every token attends only to the class token and the first two patches
+        unseen[3:, 3:] = torch.eye(n - 3, dtype=torch.bool)  # and to itself
+        masked = model.forward_features(x, attn_mask=unseen)
+        changed = model.forward_features(later, attn_mask=unseen)
+        torch.testing.assert_close(changed[:, :3], masked[:, :3])
+        final, _ = model.forward_intermediates(x, attn_mask=unseen)
+        torch.testing.assert_close(final, masked)
+        torch.testing.assert_close(torch.jit.script(model)(x, attn_mask=unseen), model(x, attn_mask=unseen))
+        compiled = torch.compile(model, fullgraph=True, backend='aot_eager')  # one graph with either argument
+        torch.testing.assert_close(compiled(x, attn_mask=unseen), model(x, attn_mask=unseen), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(compiled(x, is_causal=True), model(x, is_causal=True), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_masks_pass_through_gradient_checkpointing(checkpointing_reentrant):
+    model = small()
+    randomize_queries(model)
+    mask = torch.ones(65, 65).tril().bool()
+    model(images(), attn_mask=mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(images(), attn_mask=mask).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize('option', ['default', 'attnres'])
 def test_qk_norm_normalises_every_token_attentions_queries_and_keys_as_in_timms_vit(option):
     """``qk_norm=True``: the token attention is timm's, with the per-head LayerNorms of timm's ViT on q and k (in
     AttnRes too); without it, none."""

@@ -76,6 +76,7 @@ class QimiaBlock(nn.Module):
         position: Its place in its memory block (0: it writes a new entry; see :meth:`DepthAttention.write`).
     """
     position: Final[int]
+    attends: Final[bool]
 
     def __init__(
             self,
@@ -88,6 +89,7 @@ class QimiaBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.position = position
+        self.attends = isinstance(body, Attention)  # takes timm's attention mask
         self.read = read
         self.norm = norm
         self.body = body
@@ -98,8 +100,16 @@ class QimiaBlock(nn.Module):
             self,
             keys: List[torch.Tensor],
             values: List[torch.Tensor],
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
     ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        h = self.body(self.norm(self.read(keys, values)))
+        """The memory with this sublayer's entry written; ``attn_mask`` and ``is_causal`` go to the token attention,
+        as timm's ``Attention`` takes them (a read over depth is per token: it needs no mask)."""
+        x = self.norm(self.read(keys, values))
+        if self.attends:
+            h = self.body(x, attn_mask=attn_mask, is_causal=is_causal)
+        else:
+            h = self.body(x)
         key: Optional[torch.Tensor] = None
         if self.key is not None:
             key = self.key(h)
@@ -118,15 +128,22 @@ class QimiaLayer(nn.Module):
             self,
             keys: List[torch.Tensor],
             values: List[torch.Tensor],
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
     ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        keys, values = self.attn(keys, values)
+        keys, values = self.attn(keys, values, attn_mask=attn_mask, is_causal=is_causal)
         return self.mlp(keys, values)
 
-    def forward_flat(self, *entries: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward_flat(
+            self,
+            *entries: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> Tuple[torch.Tensor, ...]:
         """:meth:`forward` on the memory as one tuple of tensors, its keys then as many values, for gradient
         checkpointing: reentrant checkpointing (``timm.layers.set_reentrant_ckpt(True)``) tracks tensor arguments and
         results only, not the tensors in lists, and would cut the gradient of every entry."""
-        keys, values = self(*_halves(entries))
+        keys, values = self(*_halves(entries), attn_mask=attn_mask, is_causal=is_causal)
         return (*keys, *values)
 
 
@@ -478,24 +495,38 @@ class VisionTransformerQimia(nn.Module):
             keys, values = self.read_out.write(keys, values, key, self.pos_value_norm(pos_embed), 0)
         return keys, values
 
-    def _forward_taken(self, x: torch.Tensor, taken: List[int], last: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def _forward_taken(
+            self,
+            x: torch.Tensor,
+            taken: List[int],
+            last: int,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         """Layers ``0..last``, then the output read: its result before the final norm, and the values that the
         feed-forward blocks of the ``taken`` layers wrote (a layer's output: there is no residual stream; in
-        block-memory mode, the summary it was merged into)."""
+        block-memory mode, the summary it was merged into). ``attn_mask`` and ``is_causal``: as timm's ViT takes
+        them, for every token attention."""
         keys, values = self.init_memory(x)
         intermediates: List[torch.Tensor] = []
         for i, layer in enumerate(self.blocks):
             if i <= last:
                 if self.grad_checkpointing and not torch.jit.is_scripting():
-                    keys, values = _halves(checkpoint(layer.forward_flat, *keys, *values))
+                    flat = partial(layer.forward_flat, attn_mask=attn_mask, is_causal=is_causal)
+                    keys, values = _halves(checkpoint(flat, *keys, *values))
                 else:
-                    keys, values = layer(keys, values)
+                    keys, values = layer(keys, values, attn_mask=attn_mask, is_causal=is_causal)
                 if i in taken:
                     intermediates.append(values[-1])
         return self.read_out(keys, values), intermediates
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x, _ = self._forward_taken(x, [], len(self.blocks) - 1)
+    def forward_features(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> torch.Tensor:
+        x, _ = self._forward_taken(x, [], len(self.blocks) - 1, attn_mask=attn_mask, is_causal=is_causal)
         return self.norm(x)
 
     def pool(self, x: torch.Tensor, pool_type: Optional[str] = None) -> torch.Tensor:
@@ -510,8 +541,13 @@ class VisionTransformerQimia(nn.Module):
         x = self.head_drop(self.pool(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x, attn_mask=attn_mask, is_causal=is_causal))
 
     @torch.jit.ignore
     def forward_intermediates(
@@ -524,6 +560,8 @@ class VisionTransformerQimia(nn.Module):
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
             output_dict: bool = False,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]], Dict[str, Any]]:
         """Layer outputs (the values their feed-forward blocks wrote) along with (or instead of) the final features.
 
@@ -537,12 +575,16 @@ class VisionTransformerQimia(nn.Module):
             intermediates_only: Return only the intermediates.
             output_dict: Return a dict, as timm's ViT does: ``image_intermediates``, ``image_intermediates_prefix``
                 (with ``return_prefix_tokens``) and ``image_features`` (unless ``intermediates_only``).
+            attn_mask: Mask of the token attention (boolean, True to attend, or added to the logits), ``(N, N)`` or
+                broadcastable to ``(B, heads, N, N)``, as timm's ``Attention`` takes it.
+            is_causal: Causal token attention (it takes precedence over ``attn_mask``).
         """
         if output_fmt not in ('NCHW', 'NLC'):
             fail('output_fmt', output_fmt, "'NCHW' or 'NLC'")
         taken, max_index = feature_take_indices(len(self.blocks), indices)
         B, _, height, width = x.shape
-        x, intermediates = self._forward_taken(x, taken, max_index if stop_early else len(self.blocks) - 1)
+        x, intermediates = self._forward_taken(x, taken, max_index if stop_early else len(self.blocks) - 1,
+                                               attn_mask=attn_mask, is_causal=is_causal)
         if norm:
             intermediates = [self.norm(y) for y in intermediates]
         prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
@@ -572,11 +614,13 @@ class VisionTransformerQimia(nn.Module):
             reshape: bool = False,
             return_prefix_tokens: bool = False,
             norm: bool = False,
+            attn_mask: Optional[torch.Tensor] = None,
     ) -> List[Any]:
         """The DINO interface of timm's ViT: the outputs of the last ``n`` layers (or of the layers ``n`` lists),
         token sequences ``(B, HW, C)``, or maps ``(B, C, H, W)`` with ``reshape``."""
         return self.forward_intermediates(x, n, return_prefix_tokens=return_prefix_tokens, norm=norm,
-                                          output_fmt='NCHW' if reshape else 'NLC', intermediates_only=True)
+                                          output_fmt='NCHW' if reshape else 'NLC', intermediates_only=True,
+                                          attn_mask=attn_mask)
 
     @torch.jit.ignore
     def prune_intermediate_layers(
