@@ -67,11 +67,11 @@ def test_an_empty_batch_reads_nothing():
     assert read_with_query()(keys, values).shape == (0, 3, 12)
 
 
-def test_weights_are_the_softmax_over_entries_in_float32():
+def test_weights_are_the_softmax_over_entries_in_float32_entries_last():
     keys, _ = memory(dtype=torch.bfloat16, shared=True)
     weights = read_with_query(dtype=torch.float32).weights(keys)
-    assert weights.shape == (5, 2, 3, 2) and weights.dtype == torch.float32
-    torch.testing.assert_close(weights.sum(0), torch.ones(2, 3, 2))
+    assert weights.shape == (2, 3, 2, 5) and weights.dtype == torch.float32
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 2))
 
 
 def test_path_dropout_drops_weights_in_training_only():
@@ -178,8 +178,8 @@ def test_a_summary_sums_its_values_and_its_logit_is_its_members_mean_logit(kerne
     logits = read.weights(merged[0]).log()
     members = read.weights([read.key(k0), read.key(k1)]).log(), read.weights([read.key(k0), read.key(k2)]).log()
     # softmax logits up to a constant per token and head: compare differences to the first entry
-    expected = (members[0][1] - members[0][0] + members[1][1] - members[1][0]) / 2
-    torch.testing.assert_close(logits[1] - logits[0], expected)
+    expected = (members[0][..., 1] - members[0][..., 0] + members[1][..., 1] - members[1][..., 0]) / 2
+    torch.testing.assert_close(logits[..., 1] - logits[..., 0], expected)
 
 
 def test_keys_from_values_are_the_normalised_values_and_a_summary_s_key_that_of_its_sum():
@@ -201,7 +201,7 @@ def test_summaries_add_up_in_float32_under_autocast():
 
 
 def test_normalized_entropy_is_one_for_uniform_and_zero_for_one_hot():
-    assert normalized_entropy(torch.full((4, 2, 3), .25)).item() == pytest.approx(1.)
-    one_hot = torch.zeros(4, 2, 3)
-    one_hot[1] = 1.
+    assert normalized_entropy(torch.full((2, 3, 4), .25)).item() == pytest.approx(1.)
+    one_hot = torch.zeros(2, 3, 4)
+    one_hot[..., 1] = 1.
     assert normalized_entropy(one_hot).item() == pytest.approx(0., abs=1e-6)

@@ -115,9 +115,10 @@ class DepthAttention(nn.Module):
         return k.flatten(-2)
 
     def weights(self, keys: List[torch.Tensor]) -> torch.Tensor:
-        """``w_i`` (Eq. 2), ``(len(keys), B, N, H)``, in float32 or wider."""
+        """``w_i`` (Eq. 2), ``(B, N, H, len(keys))``, in float32 or wider. Entries go last: with them first, inductor
+        fused the softmax with the read's sum and the LayerNorm after it into a GPU kernel 6.6x slower (docs/gpu.md)."""
         query, gamma = self.query.to(accumulation_dtype(self.query)), self.gamma()
-        return torch.stack(_broadcast([depth_logits(query, k, gamma) for k in keys])).softmax(0)
+        return torch.stack(_broadcast([depth_logits(query, k, gamma) for k in keys]), -1).softmax(-1)
 
     def forward(self, keys: List[torch.Tensor], values: List[torch.Tensor]) -> torch.Tensor:
         """``A = sum_i w_i v_i`` (Eq. 1), ``(B, N, D)`` in the query's dtype, summed entry by entry in float32 or
@@ -125,7 +126,7 @@ class DepthAttention(nn.Module):
         weights = self.weights(keys)
         if self.training and self.path_drop > 0.:
             weights = F.dropout(weights, self.path_drop)
-        w = weights.unsqueeze(-1).unbind(0)  # (whose backward stacks the gradients once; w[i] would fill L-long zeros)
+        w = weights.unsqueeze(-1).unbind(-2)  # (whose backward stacks the gradients once; w[i] would fill L zeros)
         out = w[0] * values[0].unflatten(-1, (self.num_heads, -1))
         for i in range(1, len(values)):
             out = out.addcmul_(w[i], values[i].unflatten(-1, (self.num_heads, -1)))
@@ -161,8 +162,8 @@ class DepthAttention(nn.Module):
 
 
 def normalized_entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Entropy of attention weights over entries (dim 0), divided by ``log(L)``: 1 for a uniform average (what a
-    residual stream computes), 0 for a single entry. The report's entropy metric, averaged over all other dims."""
-    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(0).mean()
-    num = weights.shape[0]
+    """Entropy of attention weights over entries (the last dim), divided by ``log(L)``: 1 for a uniform average (what
+    a residual stream computes), 0 for a single entry. The report's entropy metric, averaged over all other dims."""
+    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1).mean()
+    num = weights.shape[-1]
     return entropy / math.log(num) if num > 1 else torch.zeros_like(entropy)

@@ -114,6 +114,8 @@ default_cfgs = generate_default_cfgs({
     'vit_hyperbf_tiny.cifar10_100ep': _cfg(cifar10=True, **cifar10_weights('vit_hyperbf_tiny.cifar10_100ep')),
     'vit_hyperbf_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_hyperbf_tiny.cifar10_short')),
     'vit_hyperbf_tiny.untrained': _cfg(cifar10=True),
+    'vit_hyperbf_nrbf_tiny.cifar10_100ep': _cfg(
+        cifar10=True, **cifar10_weights('vit_hyperbf_nrbf_tiny.cifar10_100ep')),
     'vit_hyperbf_nrbf_tiny.cifar10_short': _cfg(
         cifar10=True, **cifar10_weights('vit_hyperbf_nrbf_tiny.cifar10_short')),
     'vit_hyperbf_nrbf_tiny.untrained': _cfg(cifar10=True),

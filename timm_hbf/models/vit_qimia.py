@@ -675,7 +675,7 @@ def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dic
             hook.remove()
     matrix = torch.full((len(reads), len(entries)), math.nan)
     for row, (w, cols) in enumerate(zip(weights, seen)):
-        matrix[row, cols] = w.mean((1, 2, 3))
+        matrix[row, cols] = w.mean((0, 1, 2))
     return dict(
         matrix=matrix,
         entropy=torch.stack([normalized_entropy(w) for w in weights]),
