@@ -19,6 +19,7 @@ WEIGHTS = Path(timm_hbf.__file__).parent / 'weights'
 CPU_RUNS = ROOT / 'benchmarks' / 'results' / 'cifar10_short_cpu'  # weights_MODEL.json: file, checksum, validate.py
 GPU_RUNS = ROOT / 'benchmarks' / 'results' / 'gpu_h200_2026-11-28'
 GPU_RUNS_LR2E3 = ROOT / 'benchmarks' / 'results' / 'gpu_h200_2026-11-28b'
+CPU_RUNS_30EP = ROOT / 'benchmarks' / 'results' / 'cifar10_30ep_cpu'
 # MODEL.TAG: the folder of its measurement record, and how many of the sample's 200 test images the weights classify
 # correctly (counted when they were made, with examples/classify_cifar10.py; float32 model, timm's eval transform)
 SHIPPED = {
@@ -28,6 +29,7 @@ SHIPPED = {
     'vit_hyperbf_nrbf_tiny.cifar10_short': (CPU_RUNS, 147),
     'vit_hyperbf_tiny.cifar10_100ep': (GPU_RUNS, 136),
     'vit_hyperbf_tiny.cifar10_short': (CPU_RUNS, 116),
+    'vit_qimia_tiny.cifar10_30ep': (CPU_RUNS_30EP, 154),
     'vit_qimia_tiny.cifar10_short': (CPU_RUNS, 134),
 }
 

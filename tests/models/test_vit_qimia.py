@@ -99,7 +99,8 @@ def test_registered_names():
     assert timm.list_models(module='vit_qimia') == NAMES
     assert timm.list_models('vit_attnres*') == NAMES[:4]
     assert [name for name in timm.list_pretrained() if name.split('.')[0] in NAMES] == [
-        'vit_attnres_block_tiny.cifar10_short', 'vit_attnres_tiny.cifar10_short', 'vit_qimia_tiny.cifar10_short']
+        'vit_attnres_block_tiny.cifar10_short', 'vit_attnres_tiny.cifar10_short', 'vit_qimia_tiny.cifar10_30ep',
+        'vit_qimia_tiny.cifar10_short']
 
 
 @pytest.mark.parametrize('name, size, patch, width, depth, heads, key_dim, depth_heads', [

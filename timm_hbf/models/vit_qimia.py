@@ -726,6 +726,7 @@ ATTNRES = dict(paper_name='Attention Residuals (Kimi Team, 2026)', paper_ids='ar
 
 # The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
+    'vit_qimia_tiny.cifar10_30ep': _cfg(cifar10=True, **cifar10_weights('vit_qimia_tiny.cifar10_30ep')),
     'vit_qimia_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_qimia_tiny.cifar10_short')),
     'vit_qimia_tiny.untrained': _cfg(cifar10=True),
     'vit_qimia_small.untrained': _cfg(cifar10=True),
