@@ -98,9 +98,7 @@ def rms_keys(value: torch.Tensor, heads: int = 1) -> torch.Tensor:
 def test_registered_names():
     assert timm.list_models(module='vit_qimia') == NAMES
     assert timm.list_models('vit_attnres*') == NAMES[:4]
-    assert [name for name in timm.list_pretrained() if name.split('.')[0] in NAMES] == [
-        'vit_attnres_block_tiny.cifar10_short', 'vit_attnres_tiny.cifar10_short', 'vit_qimia_tiny.cifar10_30ep',
-        'vit_qimia_tiny.cifar10_short']
+    # which of them have weights, and which tag each loads by default: tests/models/test_shipped_weights.py
 
 
 @pytest.mark.parametrize('name, size, patch, width, depth, heads, key_dim, depth_heads', [
