@@ -248,7 +248,8 @@ def plot(runs: List[Dict], title: str, path: Path) -> None:
     ax.set(xlabel='epoch', ylabel='validation top-1 (%)', title=title)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.title.set_fontsize(8)
-    ax.legend(fontsize=6, loc='upper left', bbox_to_anchor=(1.01, 1.))
+    if by_model:  # no run finished: an empty plot
+        ax.legend(fontsize=6, loc='upper left', bbox_to_anchor=(1.01, 1.))
     ax.grid(alpha=.3)
     fig.tight_layout()
     fig.savefig(path)

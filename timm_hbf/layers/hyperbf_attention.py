@@ -20,13 +20,18 @@ from .hyperbf_kernel import HyperBFKernel
 __all__ = ['HyperBFAttention', 'add_self_attn_mask', 'gaussian_sdpa']
 
 
-def add_self_attn_mask(logits: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
-    """``logits (..., N, N)`` with ``attn_mask`` or ``is_causal`` added as the mask that timm's
-    ``resolve_self_attn_mask`` makes of them. Both at once are refused, as ``F.scaled_dot_product_attention`` (the
-    fused path) refuses them; timm's helper would drop the mask."""
+def check_one_mask(attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
+    """Refuses ``attn_mask`` together with ``is_causal=True``, as recent ``F.scaled_dot_product_attention`` does (torch
+    2.9's returned neither masking) and timm's ``resolve_self_attn_mask`` does not (it drops the mask)."""
     if is_causal and attn_mask is not None:
         raise ValueError('attn_mask and is_causal=True were both given: pass one, or fold the causal mask into '
                          'attn_mask to combine them.')
+
+
+def add_self_attn_mask(logits: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    """``logits (..., N, N)`` with ``attn_mask`` or ``is_causal`` added as the mask that timm's
+    ``resolve_self_attn_mask`` makes of them; both at once are refused (:func:`check_one_mask`)."""
+    check_one_mask(attn_mask, is_causal)
     return maybe_add_mask(logits, resolve_self_attn_mask(logits.shape[-1], logits, attn_mask, is_causal))
 
 
@@ -46,8 +51,10 @@ def gaussian_sdpa(
     the dot products ``[q, 1] . [2 gamma k, -gamma ||k||^2]``, with ``v`` zero-padded to the same width (and all three
     to a multiple of 8). In half precision the key-norm term is split over two channels, its rounding and the
     remainder, which the kernel's float32 accumulation adds back together: rounded to one bf16 number it would be off
-    by up to ``gamma ||k||^2 / 256``.
+    by up to ``gamma ||k||^2 / 256``. ``attn_mask`` together with ``is_causal=True`` is refused
+    (:func:`check_one_mask`).
     """
+    check_one_mask(attn_mask, is_causal)
     dim = q.shape[-1]
     k_wide = k.to(torch.promote_types(k.dtype, torch.float32))
     key_term = -gamma * torch.linalg.vecdot(k_wide, k_wide).unsqueeze(-1)  # (B, H, N, 1)

@@ -12,7 +12,6 @@ import json
 import pickle
 import threading
 import zipfile
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Type, TypeVar, Union
 
@@ -375,19 +374,14 @@ def _read_torch(path: Path, head: bytes) -> Any:
         raise _truncated(path, 'its zip archive has no end')
     # train.py stores its arguments as an argparse.Namespace: allow that one class, which only holds attributes. The
     # allowlist is global to the process, so threads reading checkpoints at once take turns (one's exit ends another's)
-    has_safe_globals = hasattr(torch.serialization, 'safe_globals')
-    allow_namespace = torch.serialization.safe_globals([argparse.Namespace]) if has_safe_globals else nullcontext()
-    with _SAFE_GLOBALS_LOCK, allow_namespace:
+    with _SAFE_GLOBALS_LOCK, torch.serialization.safe_globals([argparse.Namespace]):
         try:
             return torch.load(path, map_location='cpu', weights_only=True)
         except pickle.UnpicklingError as e:
-            upgrade = '' if has_safe_globals else (
-                f' Checkpoints of train.py (they hold an argparse.Namespace) need torch 2.5 or newer; this is torch '
-                f'{torch.__version__}.')
             raise WeightsFileError(
                 path, f'holds Python objects besides tensors ({e})',
                 'It is not unpickled any further, since that could run code: save the state dict alone '
-                f'(model.state_dict()) with torch.save or safetensors.torch.save_file.{upgrade}') from e
+                '(model.state_dict()) with torch.save or safetensors.torch.save_file.') from e
         except Exception as e:  # the reader's errors of a damaged archive or pickle (legacy format: truncation too)
             raise _damaged(path, 'torch.load', e) from e
 
