@@ -136,9 +136,3 @@ def test_nothing_to_push(tmp_path, name, message):
     torch.save({'notes': 'hello'}, tmp_path / 'notes.pth')
     with pytest.raises(HubError, match=message):
         read_train_output(tmp_path / name)
-
-
-def test_old_torch_is_told_to_upgrade(train_run, monkeypatch):
-    monkeypatch.delattr(torch.serialization, 'safe_globals')
-    with pytest.raises(HubError, match=r'Checkpoints of train.py \(they hold an argparse.Namespace\) need torch 2.5'):
-        read_train_output(train_run)
