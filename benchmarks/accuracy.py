@@ -26,8 +26,9 @@ deviation over seeds, the test accuracy's ratio to the baseline's) and ``accurac
 after ``--`` go to train.py, but for the data's, which are the script's to set (``--epochs 10`` overrides the recipe's
 epochs; ``--device cpu`` without a GPU; ``--model-kwargs`` replaces the recipe's). A model ``NAME:KEY=VALUE,...`` is a
 variant: its arguments go on top of every run's (the last command: the ablation of attention over depth, 6 layers of
-width 192). Run again, the command reads finished runs back and resumes interrupted ones from their ``last.pth.tar``;
-a run folder made by another command or data split (its ``run.json``) stops it.
+width 192). Run again, the command reads finished runs back (from ``run.json``, ``summary.csv``, ``test.json`` and
+``test_command.json``: their checkpoints can be deleted) and resumes interrupted ones from their ``last.pth.tar``; a
+run folder made by another command or data split (its ``run.json``) stops it.
 """
 import argparse
 import json
@@ -157,8 +158,9 @@ def check_earlier_run(args, model: str, seed: int, data: Path) -> None:
 def run(args, model: str, seed: int, data: Path) -> Dict:
     """Train one model with one seed, then test its best checkpoint; the commands, every epoch and the accuracies.
 
-    A run of the same command that finished before (its folder holds the test result) is read back; one that was cut
-    short resumes from its ``last.pth.tar``, or starts again where it has none (:func:`check_earlier_run` first)."""
+    A run of the same command that finished before (its folder holds the test result) is read back, from its records
+    alone once its test command is recorded (``test_command.json``); one that was cut short resumes from its
+    ``last.pth.tar``, or starts again where it has none (:func:`check_earlier_run` first)."""
     experiment, run_dir = run_folder(args, model, seed)
     log = run_dir.parent / f'{run_dir.name}.log'  # not with_suffix: a variant's name may hold a '.'
     train = train_command(args, model, seed, data, experiment)
@@ -174,12 +176,17 @@ def run(args, model: str, seed: int, data: Path) -> Dict:
             if subprocess.run(train + resume, stdout=f, stderr=subprocess.STDOUT, env=SCRIPT_ENV).returncode:
                 raise RuntimeError(f'{experiment}: train.py failed, see {log}')
     epochs = read_summary(run_dir / 'summary.csv')
-    best_epoch, checkpoint = best_checkpoint(run_dir, epochs, experiment)
-    test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()), checkpoint)
+    tested = run_dir / 'test_command.json'  # a finished run is read back from its records, its checkpoints deleted
+    if finished and tested.is_file():
+        best_epoch, test = best_on_validation(epochs), json.loads(tested.read_text())
+    else:
+        best_epoch, checkpoint = best_checkpoint(run_dir, epochs, experiment)
+        test = test_command(args, run_dir, data, yaml.safe_load((run_dir / 'args.yaml').read_text()), checkpoint)
     if not finished:
         with open(log, 'a') as f:
             if subprocess.run(test, stdout=f, stderr=subprocess.STDOUT, env=SCRIPT_ENV).returncode:
                 raise RuntimeError(f'{experiment}: validate.py failed, see {log}')
+        tested.write_text(json.dumps(test))
     result = dict(model=model, seed=seed, train_command=train, test_command=test, epochs=epochs,
                   val_top1=next(e['eval_top1'] for e in epochs if e['epoch'] == best_epoch), best_epoch=best_epoch,
                   test_top1=float(json.loads((run_dir / 'test.json').read_text())['top1']))
@@ -188,11 +195,16 @@ def run(args, model: str, seed: int, data: Path) -> Dict:
     return result
 
 
+def best_on_validation(epochs: List[Dict]) -> int:
+    """The run's best epoch by validation top-1, the first of a tie, as train.py keeps it."""
+    return max(epochs, key=lambda e: e['eval_top1'])['epoch']
+
+
 def best_checkpoint(run_dir: Path, epochs: List[Dict], experiment: str) -> Tuple[int, Path]:
-    """The run's best epoch by validation top-1 (the first of a tie, as train.py keeps it) and its checkpoint:
-    ``model_best.pth.tar``, or, where a resume started train.py's choice afresh (its best is then the best since the
-    resume), that epoch's ``checkpoint-N.pth.tar``, which train.py keeps among its ``--checkpoint-hist`` best."""
-    best = max(epochs, key=lambda e: e['eval_top1'])['epoch']
+    """The run's best epoch and its checkpoint: ``model_best.pth.tar``, or, where a resume started train.py's choice
+    afresh (its best is then the best since the resume), that epoch's ``checkpoint-N.pth.tar``, which train.py keeps
+    among its ``--checkpoint-hist`` best."""
+    best = best_on_validation(epochs)
     for path in (run_dir / 'model_best.pth.tar', run_dir / f'checkpoint-{best}.pth.tar'):
         if path.is_file() and read_checkpoint(path)['epoch'] == best:
             return best, path

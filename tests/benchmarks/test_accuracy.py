@@ -131,6 +131,8 @@ def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_che
     first = accuracy(*argv)
     finished, cut_short = out / 'runs' / 'vit_hyperbf_tiny-seed42', out / 'runs' / 'vit_tiny_patch16_224-seed42'
     (finished / 'argv.json').unlink()  # written by train.py: it must not run again
+    for checkpoint in finished.glob('*.pth.tar'):  # once tested, a run needs only its records
+        checkpoint.unlink()
     (cut_short / 'test.json').unlink()
     (cut_short / 'last.pth.tar').write_bytes(b'checkpoint')
     again = accuracy(*argv)['runs']
@@ -142,6 +144,8 @@ def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_che
     assert again[1]['test_command'][again[1]['test_command'].index('--checkpoint') + 1] == \
         str(cut_short / 'checkpoint-1.pth.tar')
     assert [e['eval_top1'] for e in again[1]['epochs']] == [20., first['runs'][1]['val_top1'], 31., 32.]
+    (cut_short / 'test_command.json').unlink()  # a folder from before the test command was recorded: its checkpoint
+    assert accuracy(*argv)['runs'] == again
     for other in (('--train-per-class', '50'), ('--', '--epochs', '5')):  # not read back as if made so
         with pytest.raises(SystemExit, match=r'vit_hyperbf_tiny-seed42 holds a run of another command or data split '
                                              r'.* remove it or choose another --out'):
