@@ -5,7 +5,6 @@ The package is installed into throwaway virtual environments, as a wheel and edi
 timm through a ``.pth`` naming this environment's site-packages. Every check runs in a fresh interpreter of such an
 environment. Without the build backend here the tests skip naming it (on CI, ``CI`` set, they fail instead).
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-
-BUILD_BACKEND = ('hatchling', 'editables')  # pyproject.toml's build backend, and what its editable installs need
+from tests.helpers import ROOT, require_build_backend
 
 PROBE = """
 import json, sys
@@ -40,13 +37,7 @@ def python(env: Path, code: str, **extra_env: str) -> subprocess.CompletedProces
 
 
 def install(env: Path, editable: bool) -> Path:
-    missing = [name for name in BUILD_BACKEND if importlib.util.find_spec(name) is None]
-    if missing:
-        reason = (f'installing timm-hbf without the package index needs its build backend in this environment, and '
-                  f'{" and ".join(missing)} is missing: pip install -e ".[test]" (the test extra has it)')
-        if os.environ.get('CI'):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    require_build_backend('installing timm-hbf')
     venv.create(env, with_pip=False)
     site_packages = subprocess.run(
         [str(env / 'bin' / 'python'), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
