@@ -2,7 +2,9 @@
 (timm's ViT, the HyperBF ViT), the best affine map from the MLP's input tokens to its output tokens is fitted on half
 of the tokens, and its R^2 measured on the other half (1: the MLP is affine on this data; a GELU MLP of a trained
 ViT-Ti scores about 0.8). For HyperBF MLPs it also prints how much each unit's exponent ``log K(x, t_i)`` varies over
-the tokens (median over units of its standard deviation): where it is well below 1, ``exp`` is nearly linear there.
+the tokens (median over units of its standard deviation): where it is well below 1, ``exp`` is nearly linear there;
+and the block's learned widths ``gamma``, its MLP units' (smallest, median, largest) and, in a HyperBF attention,
+its heads' (smallest, largest).
 
     python examples/mlp_linearity.py --model vit_hyperbf_tiny --pretrained
     python examples/mlp_linearity.py --model vit_tiny_patch16_224 --checkpoint RUN/last.pth.tar \\
@@ -19,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from train_cifar10 import add_model_arguments, model_and_test_images
 
-from timm_hbf.layers import HyperBFMlp
+from timm_hbf.layers import HyperBFAttention, HyperBFMlp
 from timm_hbf.models import VisionTransformerQimia
 
 
@@ -34,8 +36,10 @@ def held_out_r2(inputs: torch.Tensor, outputs: torch.Tensor) -> float:
 
 @torch.no_grad()
 def mlp_linearity(model: torch.nn.Module, images: torch.Tensor, max_tokens: int = 20000) -> Dict[str, List[float]]:
-    """``r2``: the held-out affine R^2 of every block's MLP; ``unit_spread`` (HyperBF MLPs only): the median over
-    units of the standard deviation of ``log K`` over the tokens. Tokens are shuffled before the halves are cut."""
+    """``r2``: the held-out affine R^2 of every block's MLP; for HyperBF MLPs ``unit_spread``, the median over units
+    of the standard deviation of ``log K`` over the tokens, and ``mlp_gamma``, the units' widths (smallest, median,
+    largest); for HyperBF attentions ``attn_gamma``, the heads' widths (smallest, largest). Tokens are shuffled
+    before the halves are cut."""
     captured = {}
     hooks = [block.mlp.register_forward_hook(lambda mlp, args, out, i=i: captured.update({i: (args[0], out)}))
              for i, block in enumerate(model.blocks)]
@@ -45,7 +49,7 @@ def mlp_linearity(model: torch.nn.Module, images: torch.Tensor, max_tokens: int 
         for hook in hooks:
             hook.remove()
     generator = torch.Generator().manual_seed(0)
-    stats: Dict[str, List[float]] = {'r2': [], 'unit_spread': []}
+    stats: Dict[str, list] = {'r2': [], 'unit_spread': [], 'mlp_gamma': [], 'attn_gamma': []}
     for i, block in enumerate(model.blocks):
         inputs, outputs = (t.reshape(-1, t.shape[-1]).double() for t in captured[i])
         order = torch.randperm(len(inputs), generator=generator)[:max_tokens]
@@ -53,10 +57,15 @@ def mlp_linearity(model: torch.nn.Module, images: torch.Tensor, max_tokens: int 
         if isinstance(block.mlp, HyperBFMlp):
             log_k = block.mlp.log_units(inputs[order].to(block.mlp.centers.dtype))
             stats['unit_spread'].append(log_k.std(0).median().item())
+            gamma = block.mlp.kernel.gamma()
+            stats['mlp_gamma'].append((gamma.min().item(), gamma.median().item(), gamma.max().item()))
+        if isinstance(block.attn, HyperBFAttention):
+            gamma = block.attn.kernel.gamma()
+            stats['attn_gamma'].append((gamma.min().item(), gamma.max().item()))
     return stats
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, List[float]]:
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, list]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, model='vit_hyperbf_tiny', images=200)
     parser.add_argument('--img-size', type=int, default=None, help="input size (default: the model's)")
@@ -72,8 +81,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, List[float]]:
                          'stream (vit_hyperbf_*, vit_*).')
     stats = mlp_linearity(model, images)
     for i, r2 in enumerate(stats['r2']):
-        spread = f', unit exponent spread {stats["unit_spread"][i]:.3f}' if stats['unit_spread'] else ''
-        print(f'block {i:>2}: affine R^2 {r2:.3f}{spread}')
+        line = f'block {i:>2}: affine R^2 {r2:.3f}'
+        if stats['unit_spread']:
+            line += (f', unit exponent spread {stats["unit_spread"][i]:.3f}, MLP widths {{:.2e}}-{{:.2e}} '
+                     f'(median {{:.2e}})').format(stats['mlp_gamma'][i][0], stats['mlp_gamma'][i][2],
+                                                   stats['mlp_gamma'][i][1])
+        if stats['attn_gamma']:
+            line += ', attention widths {:.3g}-{:.3g}'.format(*stats['attn_gamma'][i])
+        print(line)
     return stats
 
 

@@ -26,13 +26,19 @@ def test_independent_hyperbf_units_start_nearly_affine_normalized_ones_do_not(li
     normalized = linearity_script.main(common + ['mlp_normalized=True'])
     assert min(independent['r2']) > .99 and max(independent['unit_spread']) < .1
     assert max(normalized['r2']) < .9 and min(normalized['unit_spread']) > .7
-    assert 'block  1: affine R^2' in capsys.readouterr().out
+    # the widths as initialised: 1 / (2 D) for independent units, 1 / (2 sqrt(D)) normalised, D = 192; attention
+    # 1 / (2 sqrt(64)) per head of 64 channels
+    assert independent['mlp_gamma'] == [pytest.approx((1 / 384,) * 3)] * 2
+    assert normalized['mlp_gamma'] == [pytest.approx((1 / (2 * 192 ** .5),) * 3)] * 2
+    assert independent['attn_gamma'] == [pytest.approx((.0625, .0625))] * 2
+    out = capsys.readouterr().out
+    assert 'block  1: affine R^2' in out and 'MLP widths 2.60e-03-2.60e-03 (median 2.60e-03)' in out
 
 
 def test_timms_vit_and_a_model_without_mlps(linearity_script, cifar10_sample):
     stats = linearity_script.main(['--model', 'vit_tiny_patch16_224', '--model-kwargs', 'depth=1', 'img_size=32',
                                    'patch_size=4', '--img-size', '32', '--data', str(cifar10_sample), '--images', '20'])
-    assert len(stats['r2']) == 1 and stats['unit_spread'] == []
+    assert len(stats['r2']) == 1 and stats['unit_spread'] == stats['mlp_gamma'] == stats['attn_gamma'] == []
     # no blocks; blocks whose MLPs read and write a memory of entries
     for model in (['resnet18'], ['vit_qimia_tiny', '--model-kwargs', 'depth=1']):
         with pytest.raises(SystemExit, match=f'{model[0]} has no blocks whose MLP maps tokens to tokens'):
