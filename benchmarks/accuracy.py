@@ -176,7 +176,7 @@ def run(args, model: str, seed: int, data: Path) -> Dict:
             if subprocess.run(train + resume, stdout=f, stderr=subprocess.STDOUT, env=SCRIPT_ENV).returncode:
                 raise RuntimeError(f'{experiment}: train.py failed, see {log}')
     epochs = read_summary(run_dir / 'summary.csv')
-    tested = run_dir / 'test_command.json'  # a finished run is read back from its records, its checkpoints deleted
+    tested = run_dir / 'test_command.json'  # with it a finished run reads back with its checkpoints deleted
     if finished and tested.is_file():
         best_epoch, test = best_on_validation(epochs), json.loads(tested.read_text())
     else:
