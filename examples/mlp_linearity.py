@@ -83,9 +83,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, list]:
     for i, r2 in enumerate(stats['r2']):
         line = f'block {i:>2}: affine R^2 {r2:.3f}'
         if stats['unit_spread']:
-            line += (f', unit exponent spread {stats["unit_spread"][i]:.3f}, MLP widths {{:.2e}}-{{:.2e}} '
-                     f'(median {{:.2e}})').format(stats['mlp_gamma'][i][0], stats['mlp_gamma'][i][2],
-                                                   stats['mlp_gamma'][i][1])
+            smallest, median, largest = stats['mlp_gamma'][i]
+            line += (f', unit exponent spread {stats["unit_spread"][i]:.3f}, '
+                     f'MLP widths {smallest:.2e}-{largest:.2e} (median {median:.2e})')
         if stats['attn_gamma']:
             line += ', attention widths {:.3g}-{:.3g}'.format(*stats['attn_gamma'][i])
         print(line)
