@@ -16,7 +16,7 @@ its heads' (smallest, largest).
 config crops 0.9 of the image; the CIFAR-10 recipes train and evaluate on whole 32 x 32 images).
 """
 import argparse
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 from train_cifar10 import add_model_arguments, model_and_test_images
@@ -35,7 +35,7 @@ def held_out_r2(inputs: torch.Tensor, outputs: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def mlp_linearity(model: torch.nn.Module, images: torch.Tensor, max_tokens: int = 20000) -> Dict[str, List[float]]:
+def mlp_linearity(model: torch.nn.Module, images: torch.Tensor, max_tokens: int = 20000) -> Dict[str, list]:
     """``r2``: the held-out affine R^2 of every block's MLP; for HyperBF MLPs ``unit_spread``, the median over units
     of the standard deviation of ``log K`` over the tokens, and ``mlp_gamma``, the units' widths (smallest, median,
     largest); for HyperBF attentions ``attn_gamma``, the heads' widths (smallest, largest). Tokens are shuffled
