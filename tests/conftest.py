@@ -1,10 +1,11 @@
-"""The real-data sample every test reads: the mini CIFAR-10 archive committed with the repository."""
+"""Session fixtures: the real-data sample every test reads (the mini CIFAR-10 archive committed with the repository),
+and the project's wheel."""
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, build_distribution
 
 CIFAR10_SAMPLE = ROOT / 'data' / 'cifar10-mini-jpeg.tar.gz'  # 100 train and 20 test JPEGs of every class
 
@@ -16,3 +17,9 @@ def cifar10_sample(tmp_path_factory) -> Path:
     with tarfile.open(CIFAR10_SAMPLE) as tar:
         tar.extractall(root, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
     return root
+
+
+@pytest.fixture(scope='session')
+def built_wheel(tmp_path_factory) -> Path:
+    """The project's wheel, built once for the tests that install or measure it."""
+    return build_distribution('wheel', tmp_path_factory.mktemp('wheel'))

@@ -2,6 +2,8 @@
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Dict, List, Tuple
@@ -25,6 +27,17 @@ def require_build_backend(task: str) -> None:
         if os.environ.get('CI'):
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
+
+
+def build_distribution(target: str, folder: Path) -> Path:
+    """The project's ``'wheel'`` or ``'sdist'``, built into ``folder`` with this environment's build backend (no
+    package index needed); skips or fails as :func:`require_build_backend` says."""
+    require_build_backend(f'building the {target}')
+    build = [sys.executable, '-m', 'hatchling', 'build', '--target', target, '--directory', str(folder)]
+    proc = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f'$ {" ".join(build)}\n{proc.stdout}{proc.stderr}'
+    (built,) = folder.iterdir()
+    return built
 
 
 class ShapeRecorder(TorchFunctionMode):

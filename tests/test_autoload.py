@@ -36,7 +36,8 @@ def python(env: Path, code: str, **extra_env: str) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=120)
 
 
-def install(env: Path, editable: bool) -> Path:
+def install(env: Path, source: Path, editable: bool = False) -> Path:
+    """``source`` (the built wheel, or the repository for an editable install) installed into a new ``env``."""
     require_build_backend('installing timm-hbf')
     venv.create(env, with_pip=False)
     site_packages = subprocess.run(
@@ -45,20 +46,20 @@ def install(env: Path, editable: bool) -> Path:
     # torch, timm and the rest from this environment; the name sorts before the .pth files of the install
     Path(site_packages, '0_parent_env.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
     cmd = [sys.executable, '-m', 'pip', '--python', str(env / 'bin' / 'python'), 'install', '--no-deps',
-           '--no-build-isolation', '--quiet', *(['--editable'] if editable else []), str(ROOT)]
+           '--no-build-isolation', '--quiet', *(['--editable'] if editable else []), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f'$ {" ".join(cmd)}\n{proc.stdout}{proc.stderr}'
     return env
 
 
 @pytest.fixture(scope='module')
-def wheel(tmp_path_factory) -> Path:
-    return install(tmp_path_factory.mktemp('autoload') / 'wheel', editable=False)
+def wheel(tmp_path_factory, built_wheel) -> Path:
+    return install(tmp_path_factory.mktemp('autoload') / 'wheel', built_wheel)
 
 
 @pytest.fixture(scope='module')
 def editable(tmp_path_factory) -> Path:
-    return install(tmp_path_factory.mktemp('autoload') / 'editable', editable=True)
+    return install(tmp_path_factory.mktemp('autoload') / 'editable', ROOT, editable=True)
 
 
 @pytest.mark.parametrize('kind', ['wheel', 'editable'])

@@ -6,11 +6,11 @@ package index, unpacked in the system temp dir (outside this repository), where 
 (offline), the tests skip saying how to provide it; on CI (``CI`` set), which has the index, they fail instead.
 Nothing of timm is copied.
 
-* ``test_models_py``: timm's ``tests/test_models.py`` in a subprocess that loads ``timm_hbf`` as a pytest plugin,
-  selecting every model of one family module (the AttnRes models live in ``vit_qimia``): forward, backward, cfg,
+* ``test_models_py``: timm's ``tests/test_models.py`` in one subprocess that loads ``timm_hbf`` as a pytest plugin,
+  selecting every model of our family modules (the AttnRes models live in ``vit_qimia``): forward, backward, cfg,
   TorchScript and fx tests (fx: :data:`CODE_MODELS`).
 * ``test_forward_intermediates*``, ``test_prune_intermediate_layers_contract``: timm parametrizes these over its own
-  modules only, so they are called directly for each of our models (the prune contract: :data:`CODE_MODELS`).
+  modules only, so they are called directly for each of :data:`CODE_MODELS`.
 """
 import importlib.util
 import os
@@ -37,12 +37,15 @@ SDIST_VARIABLE = 'TIMM_HBF_TIMM_SDIST'  # a timm-VERSION.tar.gz, or a folder hol
 FAMILIES = ['vit_hyperbf', 'vit_qimia']
 MODELS = [name for family in FAMILIES for name in timm.list_models(module=family)]
 
-# timm's fx tests and its prune contract check a model's code, which neither its width nor its input size changes,
-# and cost the most (the contract runs O(depth^2) forwards and backwards; tracing a QIMIA model takes seconds: its graph
-# has some 4,000 nodes, each of which torchvision names by a search of the submodules). They run on one 32 x 32 model of
-# each architecture and option set, the tiny ones and those with options of their own: the small, base and
-# 224 x 224 models are the tiny ones' code at other widths and input sizes. timm's other tests run on every model.
-CODE_MODELS = [name for name in MODELS if not any(other in name for other in ('_small', '_base', '224'))]
+# timm's fx tests, its intermediates tests and its prune contract check a model's code, which neither its width nor
+# its input size changes, and cost the most (the contract runs O(depth^2) forwards and backwards; tracing a QIMIA model
+# takes seconds: its graph has some 4,000 nodes, each of which torchvision names by a search of the others). They run
+# on one 32 x 32 model of each code path, the tiny ones and those with options of their own: the small, base and
+# 224 x 224 models, and the SURF report's configuration (256 wide, depth 10, patch 8), are the tiny ones' code at
+# other widths, depths and input sizes, and full AttnRes (vit_attnres_tiny) runs the flags of Block AttnRes
+# (vit_attnres_block_tiny) with the one-entry writes of QIMIA (vit_qimia_tiny). timm's other tests run on every model.
+CODE_PATHS_ELSEWHERE = ('_small', '_base', '224', '_surf23', 'vit_attnres_tiny')
+CODE_MODELS = [name for name in MODELS if not any(other in name for other in CODE_PATHS_ELSEWHERE)]
 
 
 def _timm_sdist(version: str) -> Path:
@@ -150,19 +153,17 @@ def _selection(models: List[str]) -> str:
     return f'({" or ".join(models)}) and (not fx or {fx_models or "no_model"})'
 
 
-@pytest.mark.parametrize('family', FAMILIES)
-def test_models_py(family: str, timm_sdist: Path, tmp_path: Path):
-    """timm's tests/test_models.py on every model of ``family``: each passes timm's forward and backward tests, the
-    models of :data:`CODE_MODELS` its fx tests too, and no test fails."""
+def test_models_py(timm_sdist: Path, tmp_path: Path):
+    """timm's tests/test_models.py on every model of ours: each passes timm's forward and backward tests, the models
+    of :data:`CODE_MODELS` its fx tests too, and no test fails."""
     env = dict(os.environ)
     # the timm_hbf imported here, after whatever PYTHONPATH selects (e.g. another timm)
     env['PYTHONPATH'] = os.pathsep.join(
         p for p in (env.get('PYTHONPATH'), str(Path(timm_hbf.__file__).parents[1])) if p)
-    models = timm.list_models(module=family)
     cmd = [
         sys.executable, '-m', 'pytest', '-p', 'timm_hbf', str(timm_sdist / 'tests' / 'test_models.py'),
         '--rootdir', str(timm_sdist), '--import-mode=importlib', '-p', 'no:cacheprovider',
-        '-k', _selection(models), '-v', '-rfE', '--tb=short', '--color=no',
+        '-k', _selection(MODELS), '-v', '-rfE', '--tb=short', '--color=no',
     ]
     # cwd outside the sdist root: there its timm/ package would shadow the installed one
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -172,18 +173,18 @@ def test_models_py(family: str, timm_sdist: Path, tmp_path: Path):
     assert rc == 0, report
     assert _summary(output, 'failed') == 0, report
     passed = set(re.findall(r'::(\w+)\[\d+-([\w.]+)\] PASSED', output))
-    expected = {(test, model) for model in models for test in ('test_model_forward', 'test_model_backward')}
-    expected |= {(test, model) for model in models if model in CODE_MODELS
+    expected = {(test, model) for model in MODELS for test in ('test_model_forward', 'test_model_backward')}
+    expected |= {(test, model) for model in CODE_MODELS
                  for test in ('test_model_forward_fx', 'test_model_backward_fx')}
     assert not expected - passed, f'did not pass: {sorted(expected - passed)}\n{report}'
 
 
-@pytest.mark.parametrize('model_name', MODELS)
+@pytest.mark.parametrize('model_name', CODE_MODELS)
 def test_forward_intermediates(model_name: str, timm_test_models: ModuleType):
     _timm_test(timm_test_models, 'test_model_forward_intermediates')(model_name, batch_size=1)
 
 
-@pytest.mark.parametrize('model_name', MODELS)
+@pytest.mark.parametrize('model_name', CODE_MODELS)
 def test_forward_intermediates_features(model_name: str, timm_test_models: ModuleType):
     _timm_test(timm_test_models, 'test_model_forward_intermediates_features')(model_name, batch_size=1)
 

@@ -127,7 +127,7 @@ def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_che
                                                                                       tmp_path):
     out = tmp_path / 'out'
     argv = ('--scripts', str(scripts), '--data', str(cifar10_sample), '--models', 'vit_hyperbf_tiny',
-            'vit_tiny_patch16_224', '--val-per-class', '10', '--out', str(out))
+            'vit_tiny_patch16_224', '--val-per-class', '10', '--jobs', '2', '--out', str(out))
     first = accuracy(*argv)
     finished, cut_short = out / 'runs' / 'vit_hyperbf_tiny-seed42', out / 'runs' / 'vit_tiny_patch16_224-seed42'
     (finished / 'argv.json').unlink()  # written by train.py: it must not run again
@@ -159,7 +159,8 @@ def test_every_run_logs_to_a_file_of_its_own_even_where_a_variant_holds_a_decima
     with pytest.raises(SystemExit, match=r'=0\.25-seed42: train.py failed, see .*=0\.25-seed42\.log'):  # the stand-in
         accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--models',  # train.py takes no kwargs
                  'vit_hyperbf_tiny:attn_gamma_init=0.25', 'vit_hyperbf_tiny:attn_gamma_init=0.5',
-                 '--baseline', 'vit_hyperbf_tiny:attn_gamma_init=0.25', '--val-per-class', '10', '--out', str(out))
+                 '--baseline', 'vit_hyperbf_tiny:attn_gamma_init=0.25', '--val-per-class', '10', '--jobs', '2',
+                 '--out', str(out))
     logs = {p.name: p.read_text() for p in (out / 'runs').glob('*.log')}
     assert sorted(logs) == ['vit_hyperbf_tiny+attn_gamma_init=0.25-seed42.log',
                             'vit_hyperbf_tiny+attn_gamma_init=0.5-seed42.log']
@@ -171,7 +172,7 @@ def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, 
     out = tmp_path / 'out'
     with pytest.raises(SystemExit, match=r'broken-seed42: train.py failed, see .*broken-seed42.log'):
         accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--models', 'broken', 'vit_hyperbf_tiny',
-                 '--val-per-class', '10', '--out', str(out))
+                 '--val-per-class', '10', '--jobs', '2', '--out', str(out))
     assert [r['model'] for r in json.loads((out / 'accuracy.json').read_text())['runs']] == ['vit_hyperbf_tiny']
     assert 'no such model' in (out / 'runs' / 'broken-seed42.log').read_text()
 

@@ -4,8 +4,6 @@ classifies the CIFAR-10 sample that comes with the repository exactly as it did 
 file that its measurement record describes and the README reports."""
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from safetensors.torch import load_file
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
 import timm_hbf
-from tests.helpers import ROOT, require_build_backend
+from tests.helpers import ROOT, build_distribution
 
 WEIGHTS = Path(timm_hbf.__file__).parent / 'weights'
 CPU_RUNS = ROOT / 'benchmarks' / 'results' / 'cifar10_short_cpu'  # weights_MODEL.json: file, checksum, validate.py
@@ -110,12 +108,8 @@ def test_each_is_the_file_its_record_measured_and_the_readme_reports(name):
 
 
 @pytest.mark.parametrize('target', ['wheel', 'sdist'])
-def test_the_distributions_that_carry_them_fit_the_package_indexs_file_limit(target, tmp_path):
-    require_build_backend(f'building the {target}')
-    build = [sys.executable, '-m', 'hatchling', 'build', '--target', target, '--directory', str(tmp_path)]
-    proc = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (built,) = tmp_path.iterdir()
+def test_the_distributions_that_carry_them_fit_the_package_indexs_file_limit(target, request, tmp_path):
+    built = request.getfixturevalue('built_wheel') if target == 'wheel' else build_distribution(target, tmp_path)
     assert built.stat().st_size < PACKAGE_INDEX_FILE_LIMIT, (
         f'{built.name} is {built.stat().st_size / 1e6:.1f} MB, over the 100 MB the package index takes in one file: '
         'ship fewer weights in the package (host the others on the Hub, hf_hub_id in their cfg) or request a larger '
