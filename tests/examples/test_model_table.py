@@ -1,5 +1,5 @@
-"""examples/model_table.py on the repository's CIFAR-10 sample: it lists every model of ours, and gives each a sensible
-row."""
+"""examples/model_table.py on the repository's CIFAR-10 sample: it lists every model of ours, gives each a sensible
+row, and the README's model table gives what it counts."""
 import re
 
 import pytest
@@ -55,13 +55,42 @@ def test_model_table(capsys, one_thread, cifar10_sample):
     assert 'untrained' in out and 'Total wall time' in out
 
 
-def test_markdown_only(capsys, one_thread):
-    script = load_script()
-    rows = script.main(['--markdown-only', '--models', 'vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224', *one_thread])
+def readme_model_table() -> dict:
+    """The README's model table as {name: (params, GMACs, input)}. Its rows name several models in two shorthands:
+    `a`, `b` (one value for each) and `a_{x,y}_b` (the values `1 / 2` in the order of the braces)."""
+    rows = {}
+    for line in (ROOT / 'README.md').read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip('|').split('|')]
+        if len(cells) != 4 or not re.fullmatch(r'\d+x\d+', cells[3]):
+            continue
+        names = []
+        for pattern in re.findall(r'`([^`]+)`', cells[0]):
+            braces = re.search(r'\{([^}]*)\}', pattern)
+            names += [pattern[:braces.start()] + part + pattern[braces.end():] for part in braces[1].split(',')] \
+                if braces else [pattern]
+        params, gmacs = (cell.split(' / ') for cell in cells[1:3])
+        for i, name in enumerate(names):
+            assert name not in rows, f'README.md lists {name} twice'
+            rows[name] = (params[i if len(params) > 1 else 0], gmacs[i if len(gmacs) > 1 else 0], cells[3])
+    return rows
+
+
+def test_the_readme_table_lists_every_model_of_ours():
+    assert sorted(readme_model_table()) == sorted(load_script().model_names())
+
+
+def test_markdown_only_gives_the_readmes_params_and_gmacs(capsys, one_thread):
+    """The README's rows of the tiny models are what ``--markdown-only`` prints (the larger ones are their code at
+    other widths, and take a minute to count)."""
+    tiny = [name for name in load_script().model_names() if '_tiny' in name]
+    rows = load_script().main(['--markdown-only', '--models', *tiny, *one_thread])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == '| model | params (M) | GMACs | input |'
-    assert [r['model'] for r in rows] == ['vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224']
-    assert len(lines) == 4 and all(ROW.match(line) for line in lines[2:])
+    assert sorted(r['model'] for r in rows) == sorted(tiny)
+    assert len(lines) == len(tiny) + 2 and all(ROW.match(line) for line in lines[2:])
+    readme = readme_model_table()
+    assert {name: values for name, *values in (ROW.match(line).groups()[:4] for line in lines[2:])} == \
+        {name: list(readme.get(name, ['not in README.md'])) for name in tiny}
 
 
 def test_gmacs_count_attention_as_timm_publishes_them():
