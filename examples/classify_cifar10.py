@@ -1,19 +1,21 @@
 """Classify real CIFAR-10 test images with the pretrained models, offline: accuracy per model and per class, and a
 picture of what they see (a grid of test images with each model's prediction, and each model's confusion matrix).
 
-    python examples/classify_cifar10.py                          # every shipped model, the repository's sample
+    python examples/classify_cifar10.py                          # every model's best weights, the repository's sample
     python examples/classify_cifar10.py --data cifar10/          # the full 10,000-image test set (folder or archive)
-    python examples/classify_cifar10.py --models vit_hyperbf_tiny hf-hub:ORG/NAME local-dir:PATH
+    python examples/classify_cifar10.py --models vit_hyperbf_tiny.cifar10_short hf-hub:ORG/NAME local-dir:PATH
 
 ``--data`` is a CIFAR-10 folder or ``.tar.gz`` archive holding ``test/<class>/*.jpg`` (ImageFolder layout); the
 default is the sample that comes with the repository (20 test images of every class). ``--models`` takes any name
-``timm.create_model(NAME, pretrained=True)`` takes; the default is every model of timm-hbf with shipped weights.
-Writes ``results.json`` and ``predictions.png`` into ``--out``.
+``timm.create_model(NAME, pretrained=True)`` takes; the default is every model of timm-hbf with shipped weights, at
+its default tag (its most accurate weights; the others load by their full name, as above). Writes ``results.json`` and
+``predictions.png`` into ``--out``.
 """
 import argparse
 import json
 import tarfile
 import tempfile
+import textwrap
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 import timm
 import torch
 from timm.data import ImageDataset, create_transform, resolve_data_config
+from timm.models import get_pretrained_cfg
 
 import timm_hbf  # noqa: F401  (registers the models)
 
@@ -30,8 +33,9 @@ GRID_PER_CLASS = 3  # images of every class in the picture
 
 
 def shipped_models() -> List[str]:
-    """Every timm-hbf model that has weights."""
-    return timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True)
+    """Every timm-hbf model that has weights, by the full name (``architecture.tag``) of its default weights."""
+    return [f'{arch}.{get_pretrained_cfg(arch).tag}'
+            for arch in timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True, include_tags=False)]
 
 
 def test_folder(data: Path, stack: ExitStack) -> Path:
@@ -76,47 +80,63 @@ def confusion(labels: torch.Tensor, predictions: torch.Tensor, num_classes: int)
 
 
 def draw(results: List[Dict], folder: Path, classes: Sequence[str], path: Path) -> None:
-    """The picture: test images (``GRID_PER_CLASS`` of every class) with each model's prediction, then each model's
-    confusion matrix."""
+    """The picture: test images (``GRID_PER_CLASS`` of every class), each with every model's prediction below it, one
+    line per model, then each model's confusion matrix. Laid out in inches, so that any number of models fits."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    first = results[0]
+    first, n = results[0], len(results)
     picked = [i for c in range(len(classes)) for i in (first['labels'] == c).nonzero().flatten()[:GRID_PER_CLASS]]
     columns = len(classes)
     rows = -(-len(picked) // columns)
-    fig = plt.figure(figsize=(1.3 * columns, 1.5 * rows + 3.2), layout='constrained')
-    grid, matrices = fig.subfigures(2, 1, height_ratios=[1.5 * rows, 3.2])
-    for k, ax in enumerate(grid.subplots(rows, columns, squeeze=False).flat):
-        ax.axis('off')
-        if k >= len(picked):
-            continue
-        i = int(picked[k])
-        ax.imshow(Image.open(folder / first['files'][i]).convert('RGB'))
+    margin, cell_width, image, line = 0.25, 1.3, 1.0, 0.13        # inches; a line of 7-point text
+    cell_height = 0.2 + image + 0.06 + line * n + 0.12            # class, image, predictions, gap
+    per_row = min(n, 5)                                           # confusion matrices in rows of up to five
+    matrix_rows = -(-n // per_row)
+    matrix_width, matrix_height = columns * cell_width / per_row, 3.0
+    legend = ['Test images with their true class (bold), and below each the prediction of every model, top to bottom '
+              '(green right, red wrong):',
+              *textwrap.wrap('    '.join(f"{k + 1}.\u00a0{r['model']}" for k, r in enumerate(results)), width=150)]
+    header = 0.15 + 0.17 * len(legend) + 0.1
+    width, height = columns * cell_width + 2 * margin, header + rows * cell_height + matrix_rows * matrix_height
+    fig = plt.figure(figsize=(width, height))
+
+    def axes(left: float, top: float, w: float, h: float) -> plt.Axes:
+        """Axes at a position and size in inches from the top left corner inside the margin."""
+        return fig.add_axes(((margin + left) / width, 1 - (top + h) / height, w / width, h / height))
+
+    fig.text(0.5, 1 - 0.1 / height, '\n'.join(legend), ha='center', va='top', fontsize=8.5)
+    for k, i in enumerate(int(i) for i in picked):
+        left, top = (k % columns) * cell_width + (cell_width - image) / 2, header + (k // columns) * cell_height
         truth = int(first['labels'][i])
-        lines = [(classes[int(r['predictions'][i])], int(r['predictions'][i]) == truth) for r in results]
-        ax.set_title(classes[truth], fontsize=8, fontweight='bold')
-        for j, (text, right) in enumerate(lines):
-            ax.text(0.5, -0.08 - 0.16 * j, text, transform=ax.transAxes, ha='center', va='top', fontsize=7,
-                    color='tab:green' if right else 'tab:red')
-    grid.suptitle('test images: true class (bold), then the prediction of ' +
-                  ', '.join(r['model'] for r in results) + ' (green right, red wrong)', fontsize=9)
-    for ax, r in zip(matrices.subplots(1, len(results), squeeze=False)[0], results):
-        matrix = confusion(r['labels'], r['predictions'], len(classes))
-        ax.imshow(matrix.numpy(), cmap='Blues')
+        ax = axes(left, top + 0.2, image, image)
+        ax.imshow(Image.open(folder / first['files'][i]).convert('RGB'))
+        ax.axis('off')
+        ax.set_title(classes[truth], fontsize=8, fontweight='bold', pad=2)
+        for j, r in enumerate(results):
+            predicted = int(r['predictions'][i])
+            fig.text((margin + left + image / 2) / width, 1 - (top + 0.2 + image + 0.06 + line * j) / height,
+                     f'{j + 1}. {classes[predicted]}', ha='center', va='top', fontsize=7,
+                     color='tab:green' if predicted == truth else 'tab:red')
+    for k, r in enumerate(results):
+        top = header + rows * cell_height + (k // per_row) * matrix_height
+        size = min(matrix_width - 1.0, matrix_height - 1.45)
+        ax = axes((k % per_row) * matrix_width + (matrix_width - size) / 2 + 0.3, top + 0.55, size, size)
+        ax.imshow(confusion(r['labels'], r['predictions'], len(classes)).numpy(), cmap='Blues')
         ax.set_xticks(range(len(classes)), classes, rotation=90, fontsize=7)
         ax.set_yticks(range(len(classes)), classes, fontsize=7)
         ax.set_xlabel('predicted', fontsize=8)
-        ax.set_title(f"{r['model']}: {r['top1']:.1f} % top-1", fontsize=9)
+        ax.set_title(f"{k + 1}. {r['model']}\n{r['top1']:.1f} % top-1", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--models', nargs='+', help='models to load with pretrained=True (default: every shipped one)')
+    parser.add_argument('--models', nargs='+',
+                        help='models to load with pretrained=True (default: every shipped one, at its default tag)')
     parser.add_argument('--data', type=Path, default=SAMPLE, help='CIFAR-10 folder or archive (default: the sample)')
     parser.add_argument('--out', type=Path, default=Path('output/classify_cifar10'), help='default: %(default)s')
     args = parser.parse_args(argv)

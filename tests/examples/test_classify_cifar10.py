@@ -53,6 +53,15 @@ def test_the_sample_is_classified_per_model_and_per_class_with_a_picture(hub_fol
     assert (tmp_path / 'results.json').is_file()
 
 
+def test_by_default_every_shipped_model_at_its_most_accurate_weights():
+    names = load_script().shipped_models()
+    architectures = timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True, include_tags=False)
+    assert [name.split('.')[0] for name in names] == architectures and len(architectures) >= 5
+    for name in names:
+        architecture, tag = name.split('.')
+        assert timm.create_model(architecture, pretrained=True).pretrained_cfg['tag'] == tag, name
+
+
 def test_an_extracted_folder_gives_the_counts_of_timms_own_loading_of_the_weights(hub_folder, cifar10_sample, tmp_path):
     name = f'local-dir:{hub_folder}'
     (result,) = load_script().main(['--models', name, '--data', str(cifar10_sample), '--out', str(tmp_path)])
