@@ -13,13 +13,14 @@ its default tag (its most accurate weights; the others load by their full name, 
 """
 import argparse
 import json
+import re
 import tarfile
 import tempfile
 import textwrap
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import timm
 import torch
@@ -27,6 +28,9 @@ from timm.data import ImageDataset, create_transform, resolve_data_config
 from timm.models import get_pretrained_cfg
 
 import timm_hbf  # noqa: F401  (registers the models)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SAMPLE = Path(__file__).resolve().parents[1] / 'data' / 'cifar10-mini-jpeg.tar.gz'
 GRID_PER_CLASS = 3  # images of every class in the picture
@@ -79,12 +83,23 @@ def confusion(labels: torch.Tensor, predictions: torch.Tensor, num_classes: int)
     return torch.bincount(labels * num_classes + predictions, minlength=num_classes ** 2).view(num_classes, -1)
 
 
-def draw(results: List[Dict], folder: Path, classes: Sequence[str], path: Path) -> None:
+def wrapped(name: str, width: int) -> str:
+    """``name`` in lines of up to ``width`` characters where it can be: broken after a '.' or '/', and after a '_'
+    within a part still longer."""
+    lines = ['']
+    for part in re.split(r'(?<=[./])', name):
+        for piece in re.split(r'(?<=_)', part) if len(part) > width else [part]:
+            if lines[-1] and len(lines[-1]) + len(piece) > width:
+                lines.append('')
+            lines[-1] += piece
+    return '\n'.join(lines)
+
+
+def picture(results: List[Dict], folder: Path, classes: Sequence[str]) -> 'Figure':
     """The picture: test images (``GRID_PER_CLASS`` of every class), each with every model's prediction below it, one
     line per model, then each model's confusion matrix. Laid out in inches, so that any number of models fits."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
     from PIL import Image
 
     first, n = results[0], len(results)
@@ -95,15 +110,20 @@ def draw(results: List[Dict], folder: Path, classes: Sequence[str], path: Path) 
     cell_height = 0.2 + image + 0.06 + line * n + 0.12            # class, image, predictions, gap
     per_row = min(n, 5)                                           # confusion matrices in rows of up to five
     matrix_rows = -(-n // per_row)
-    matrix_width, matrix_height = columns * cell_width / per_row, 3.0
+    matrix_width = columns * cell_width / per_row
+    size = min(matrix_width - 1.0, 1.55)                          # a matrix; class names left of it and below
+    titles = [wrapped(f"{k + 1}. {r['model']}", int(matrix_width / 0.065)) + f"\n{r['top1']:.1f} % top-1"
+              for k, r in enumerate(results)]
+    title_height = 0.14 * max(title.count('\n') + 1 for title in titles)
+    matrix_height = 0.05 + title_height + 0.1 + size + 1.05
     legend = ['Test images with their true class (bold), and below each the prediction of every model, top to bottom '
               '(green right, red wrong):',
               *textwrap.wrap('    '.join(f"{k + 1}.\u00a0{r['model']}" for k, r in enumerate(results)), width=150)]
     header = 0.15 + 0.17 * len(legend) + 0.1
     width, height = columns * cell_width + 2 * margin, header + rows * cell_height + matrix_rows * matrix_height
-    fig = plt.figure(figsize=(width, height))
+    fig = Figure(figsize=(width, height))
 
-    def axes(left: float, top: float, w: float, h: float) -> plt.Axes:
+    def axes(left: float, top: float, w: float, h: float) -> Axes:
         """Axes at a position and size in inches from the top left corner inside the margin."""
         return fig.add_axes(((margin + left) / width, 1 - (top + h) / height, w / width, h / height))
 
@@ -121,16 +141,15 @@ def draw(results: List[Dict], folder: Path, classes: Sequence[str], path: Path) 
                      f'{j + 1}. {classes[predicted]}', ha='center', va='top', fontsize=7,
                      color='tab:green' if predicted == truth else 'tab:red')
     for k, r in enumerate(results):
-        top = header + rows * cell_height + (k // per_row) * matrix_height
-        size = min(matrix_width - 1.0, matrix_height - 1.45)
-        ax = axes((k % per_row) * matrix_width + (matrix_width - size) / 2 + 0.3, top + 0.55, size, size)
+        left, top = (k % per_row) * matrix_width, header + rows * cell_height + (k // per_row) * matrix_height
+        fig.text((margin + left + matrix_width / 2) / width, 1 - (top + 0.05) / height, titles[k], ha='center',
+                 va='top', fontsize=8)
+        ax = axes(left + (matrix_width - size) / 2 + 0.3, top + 0.05 + title_height + 0.1, size, size)
         ax.imshow(confusion(r['labels'], r['predictions'], len(classes)).numpy(), cmap='Blues')
         ax.set_xticks(range(len(classes)), classes, rotation=90, fontsize=7)
         ax.set_yticks(range(len(classes)), classes, fontsize=7)
         ax.set_xlabel('predicted', fontsize=8)
-        ax.set_title(f"{k + 1}. {r['model']}\n{r['top1']:.1f} % top-1", fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
@@ -167,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
         print('| **top-1** | ' + ' | '.join(f"**{r['top1']:.2f}** ({r['correct']}/{r['images']})" for r in results)
               + ' |')
         args.out.mkdir(parents=True, exist_ok=True)
-        draw(results, folder, classes, args.out / 'predictions.png')
+        picture(results, folder, classes).savefig(args.out / 'predictions.png', dpi=110)
     summary = [{k: v for k, v in r.items() if k not in ('labels', 'predictions', 'files')} for r in results]
     (args.out / 'results.json').write_text(json.dumps(dict(data=str(args.data), models=summary), indent=2) + '\n')
     print(f"\nwrote {args.out / 'results.json'} and {args.out / 'predictions.png'}")

@@ -1,5 +1,6 @@
 """examples/classify_cifar10.py, the main job: real CIFAR-10 test images classified by pretrained models, accuracy
 per model and per class, and a picture."""
+from itertools import combinations
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,43 @@ def test_an_extracted_folder_gives_the_counts_of_timms_own_loading_of_the_weight
     (tmp_path / 'data' / 'cifar10').symlink_to(cifar10_sample)  # an archive's one top-level folder, extracted
     (again,) = load_script().main(['--models', name, '--data', str(tmp_path / 'data'), '--out', str(tmp_path)])
     assert again['correct'] == correct
+
+
+@pytest.fixture(scope='module')
+def sample_predictions(cifar10_sample) -> dict:
+    """Labels, file names and predictions of the sample's test split, as ``predict`` gives them."""
+    model = timm.create_model('vit_hyperbf_tiny', depth=1, num_classes=10).eval()
+    return load_script().predict(model, cifar10_sample / 'test')
+
+
+@pytest.mark.parametrize('models', [5, 8])  # the default's number, and every weights file
+def test_the_picture_holds_every_text_of_any_number_of_models_apart_and_inside(cifar10_sample, sample_predictions,
+                                                                                 models):
+    """Nothing drawn overlaps: every image's class and predictions, the list of the models, the confusion matrices'
+    titles and labels, each whole inside the picture (eight shipped weights files once pushed predictions into the
+    next row of images and titles off the edges)."""
+    pytest.importorskip('matplotlib')
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out = sample_predictions
+    torch.manual_seed(0)
+    results = [dict(out, model=f'vit_hyperbf_nrbf_tiny_patch16_224.cifar10_100ep_{k}', top1=100. * k / models,
+                    predictions=torch.where(torch.rand(200) < .5, out['labels'], torch.randint(0, 10, (200,))))
+               for k in range(models)]
+    fig = load_script().picture(results, cifar10_sample / 'test', CLASSES)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    texts = list(fig.texts)
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, *ax.get_xticklabels(), *ax.get_yticklabels()] if ax.axison else [ax.title]
+    texts = [t for t in texts if t.get_text().strip()]
+    assert len(texts) > 30 * (models + 1)
+    boxes = {t: t.get_window_extent(canvas.get_renderer()) for t in texts}
+    outside = [t.get_text() for t, box in boxes.items() if not fig.bbox.contains(box.x0, box.y0)
+               or not fig.bbox.contains(box.x1, box.y1)]
+    assert not outside
+    overlapping = [(a.get_text(), b.get_text()) for a, b in combinations(texts, 2) if boxes[a].overlaps(boxes[b])]
+    assert not overlapping
 
 
 def test_data_without_a_test_split_is_named(tmp_path):
