@@ -127,7 +127,11 @@ def picture(results: List[Dict], folder: Path, classes: Sequence[str]) -> 'Figur
         """Axes at a position and size in inches from the top left corner inside the margin."""
         return fig.add_axes(((margin + left) / width, 1 - (top + h) / height, w / width, h / height))
 
-    fig.text(0.5, 1 - 0.1 / height, '\n'.join(legend), ha='center', va='top', fontsize=8.5)
+    def text(center: float, top: float, words: str, **kwargs) -> None:
+        """Text centred at ``center`` and hanging from ``top``, in inches as for :func:`axes`."""
+        fig.text((margin + center) / width, 1 - top / height, words, ha='center', va='top', **kwargs)
+
+    text(columns * cell_width / 2, 0.1, '\n'.join(legend), fontsize=8.5)
     for k, i in enumerate(int(i) for i in picked):
         left, top = (k % columns) * cell_width + (cell_width - image) / 2, header + (k // columns) * cell_height
         truth = int(first['labels'][i])
@@ -137,13 +141,11 @@ def picture(results: List[Dict], folder: Path, classes: Sequence[str]) -> 'Figur
         ax.set_title(classes[truth], fontsize=8, fontweight='bold', pad=2)
         for j, r in enumerate(results):
             predicted = int(r['predictions'][i])
-            fig.text((margin + left + image / 2) / width, 1 - (top + 0.2 + image + 0.06 + line * j) / height,
-                     f'{j + 1}. {classes[predicted]}', ha='center', va='top', fontsize=7,
-                     color='tab:green' if predicted == truth else 'tab:red')
+            text(left + image / 2, top + 0.2 + image + 0.06 + line * j, f'{j + 1}. {classes[predicted]}', fontsize=7,
+                 color='tab:green' if predicted == truth else 'tab:red')
     for k, r in enumerate(results):
         left, top = (k % per_row) * matrix_width, header + rows * cell_height + (k // per_row) * matrix_height
-        fig.text((margin + left + matrix_width / 2) / width, 1 - (top + 0.05) / height, titles[k], ha='center',
-                 va='top', fontsize=8)
+        text(left + matrix_width / 2, top + 0.05, titles[k], fontsize=8)
         ax = axes(left + (matrix_width - size) / 2 + 0.3, top + 0.05 + title_height + 0.1, size, size)
         ax.imshow(confusion(r['labels'], r['predictions'], len(classes)).numpy(), cmap='Blues')
         ax.set_xticks(range(len(classes)), classes, rotation=90, fontsize=7)
