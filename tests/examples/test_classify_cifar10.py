@@ -91,8 +91,7 @@ def test_the_picture_holds_every_text_of_any_number_of_models_apart_and_inside(c
     """Nothing drawn overlaps: every image's class and predictions, the list of the models, the confusion matrices'
     titles and labels, each whole inside the picture (eight shipped weights files once pushed predictions into the
     next row of images and titles off the edges)."""
-    pytest.importorskip('matplotlib')
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # a test extra, as the picture's matplotlib
 
     out = sample_predictions
     torch.manual_seed(0)
