@@ -17,8 +17,8 @@ embedding, the null entry) may be ``(1, N, .)`` or ``(.,)``. Keys are stored as 
 (``'rms'``, AttnRes's keys, the values normalised), then, for the Gaussian kernel, with ``||k_h||^2`` appended per
 head, so that ``s_i = gamma_h (2 q_h . k_{i,h} - ||k_{i,h}||^2)``: the Gaussian logit up to ``-gamma_h ||q_h||^2``,
 which the softmax cancels. Reads go entry by entry, element-wise, in float32 or wider whatever the entries' dtype,
-in plain autograd (a hand-written backward pass that recomputed the weights kept 10 to 13 % less memory for
-vit_qimia_tiny but was no faster, and 5 % slower compiled: docs/qimia.md).
+in plain autograd (its peak memory for vit_qimia_tiny is 9 to 13 % above that of a hand-written backward pass that
+recomputed the weights, which was no faster, and 5 % slower compiled: docs/qimia.md).
 """
 import math
 from typing import List, Optional, Tuple
