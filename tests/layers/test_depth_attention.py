@@ -104,12 +104,14 @@ def test_reads_in_float64_stay_in_float64():
 
 
 def test_a_bf16_query_gives_a_bf16_result_of_a_float32_sum():
+    """The float32 read of the same numbers, rounded once to bf16 (bf16 weights or sums would be off by ~1e-2)."""
     keys, values = memory(dtype=torch.bfloat16)
+    values = [v * 50 + 300 for v in values]
     read = read_with_query(dtype=torch.bfloat16)
     out = read(keys, values)
     expected = read.float()([k.float() for k in keys], [v.float() for v in values])
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), expected, rtol=.01, atol=.01)
+    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
 
 
 # --- stored keys and kernels ----------------------------------------------------------------------------------------
@@ -194,10 +196,15 @@ def test_keys_from_values_are_the_normalised_values_and_a_summary_s_key_that_of_
 
 
 def test_summaries_add_up_in_float32_under_autocast():
+    """A summary of bf16 entries is their float32 sum, its key the float32 mean of their keys, exactly."""
     read = DepthAttention(8, 2)
     keys, values = memory(num_entries=2, dtype=torch.bfloat16)
-    summary_keys, summary_values = read.write(keys[:1], values[:1], keys[1], values[1], 1)
+    values = [values[0] * 50 + 300, values[1]]  # a bf16 sum would round away most of the smaller value
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        summary_keys, summary_values = read.write(keys[:1], values[:1], keys[1], values[1], 1)
     assert summary_keys[0].dtype == summary_values[0].dtype == torch.float32
+    torch.testing.assert_close(summary_values[0], values[0].float() + values[1].float(), rtol=0, atol=0)
+    torch.testing.assert_close(summary_keys[0], (keys[0].float() + read.key(keys[1]).float()) / 2, rtol=1e-6, atol=0)
 
 
 def test_normalized_entropy_is_one_for_uniform_and_zero_for_one_hot():
@@ -205,3 +212,15 @@ def test_normalized_entropy_is_one_for_uniform_and_zero_for_one_hot():
     one_hot = torch.zeros(2, 3, 4)
     one_hot[..., 1] = 1.
     assert normalized_entropy(one_hot).item() == pytest.approx(0., abs=1e-6)
+
+
+@pytest.mark.parametrize('kwargs, error, message', [
+    (dict(key_dim=0), ValueError, r'key_dim must be an integer >= 1, got 0'),
+    (dict(num_heads=3), ValueError, r'num_heads must be a divisor of key_dim \(8\), got 3'),
+    (dict(kernel='gausian'), ValueError, r"kernel must be one of \('dot', 'gaussian'\), got 'gausian'"),
+    (dict(key_norm='L2'), ValueError, r"key_norm must be one of \('', 'l2', 'rms'\), got 'L2'"),
+    (dict(path_drop=1.), ValueError, r'path_drop must be a rate in \[0, 1\), got 1.0'),
+], ids=['no_key_width', 'heads_not_dividing_the_key', 'unknown_kernel', 'unknown_key_norm', 'path_drop_of_one'])
+def test_a_bad_argument_is_rejected_with_its_name_its_value_and_what_is_allowed(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        DepthAttention(**dict(dict(key_dim=8, num_heads=2), **kwargs))

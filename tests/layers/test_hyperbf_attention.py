@@ -155,6 +155,23 @@ def test_a_forward_hook_sees_what_the_projection_returned(grad):
     assert torch.equal(out, copy)
 
 
+@pytest.mark.parametrize('dropout', ['attn_drop', 'proj_drop'])
+@pytest.mark.parametrize('path', ['fused', 'reference'])
+def test_dropout_acts_in_training_only_and_keeps_the_expected_output(path, dropout):
+    """Training: attention weights (``attn_drop``) or outputs (``proj_drop``) dropped with probability p and the rest
+    scaled by 1 / (1 - p), each draw another, their mean the output without dropout; evaluation: that output."""
+    plain, with_dropout = make_pair()[path == 'reference'], make_pair(**{dropout: .5})[path == 'reference']
+    x = layer_normed(1, 9, 48).expand(4000, -1, -1)  # 4000 draws for one sequence
+    torch.manual_seed(0)
+    with torch.no_grad():
+        expected = plain(x[:1])[0]
+        draws = with_dropout(x)
+        torch.testing.assert_close(with_dropout.eval()(x[:1])[0], expected)
+    assert not torch.allclose(draws[0], draws[1])
+    standard_error = draws.std(0) / math.sqrt(len(draws))
+    assert ((draws.mean(0) - expected).abs() < 5 * standard_error + 1e-6).all()
+
+
 def test_timm_block_drives_the_layer_with_its_arguments():
     torch.manual_seed(0)
     block = Block(48, 3, qkv_bias=True, qk_norm=True, scale_attn_norm=True, attn_layer=HyperBFAttention)

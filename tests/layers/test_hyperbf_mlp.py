@@ -122,6 +122,23 @@ def test_backward_keeps_the_input_its_norm_and_the_units_less_than_a_gelu_mlp():
     assert saved_bytes_per_token(Mlp(dim, centers), dim) == 4 * (dim + 2 * centers)  # input, fc1 and GELU outputs
 
 
+def test_dropout_acts_in_training_only_and_keeps_the_expected_output():
+    """Training: unit activations and outputs dropped with probability p and the rest scaled by 1 / (1 - p), each draw
+    another, their mean the output without dropout; evaluation: that output."""
+    torch.manual_seed(0)
+    plain = HyperBFMlp(48, 96)
+    with_dropout = HyperBFMlp(48, 96, drop=.5)
+    with_dropout.load_state_dict(plain.state_dict())
+    x = layer_normed(1, 1, 48)[0].expand(20000, -1)  # 20000 draws for one token
+    with torch.no_grad():
+        expected = plain(x[:1])[0]
+        draws = with_dropout(x)
+        torch.testing.assert_close(with_dropout.eval()(x[:1])[0], expected)
+    assert not torch.allclose(draws[0], draws[1])
+    standard_error = draws.std(0) / math.sqrt(len(draws))
+    assert ((draws.mean(0) - expected).abs() < 5 * standard_error + 1e-6).all()
+
+
 def test_timm_block_drives_the_layer_with_its_arguments():
     """timm's Block passes act_layer (unused: the kernel is the nonlinearity), bias, drop and, with scale_mlp_norm,
     a norm over the units."""

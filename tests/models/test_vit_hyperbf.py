@@ -218,6 +218,21 @@ def test_no_weight_decay_covers_widths_centres_metrics_and_embeddings():
     assert len({g['lr_scale'] for g in opt.param_groups}) > 2  # group_matcher gives per-block layer decay
 
 
+@pytest.mark.parametrize('rate', ['attn_drop_rate', 'proj_drop_rate'])
+def test_dropout_rates_reach_the_hyperbf_layers_and_act_in_training_only(rate):
+    """timm's ViT hands ``attn_drop_rate`` to the attention's weights and ``proj_drop_rate`` to the attention's output
+    and to the MLP's units and output: each draw in training another, in evaluation the model without dropout."""
+    model, plain = small(**{rate: .5}), small().eval()
+    for b in model.blocks:
+        dropouts = [b.attn.attn_drop] if rate == 'attn_drop_rate' else [b.attn.proj_drop, b.mlp.drop1, b.mlp.drop2]
+        assert [d.p for d in dropouts] == [.5] * len(dropouts)
+    x = images()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert not torch.allclose(model(x), model(x))
+        torch.testing.assert_close(model.eval()(x), plain(x))
+
+
 # --- numerics --------------------------------------------------------------------------------------------------------
 
 def test_bf16_autocast_with_huge_inputs_has_no_nan_or_inf():

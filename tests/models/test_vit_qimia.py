@@ -8,7 +8,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from timm.layers import resample_abs_pos_embed
+from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import VisionTransformer, save_for_hf
 from timm.optim import create_optimizer_v2
 
@@ -400,6 +400,23 @@ def test_under_bf16_autocast_reads_and_summaries_are_float32(kwargs):
 
 # --- options --------------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize('family', ['qimia', 'attnres'])
+@pytest.mark.parametrize('rate', ['drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate'])
+def test_dropout_rates_act_in_training_only(rate, family):
+    """Each of timm's ViT dropout rates (before the head, on the patch entry, after the token attention and the
+    feed-forward hidden layer, on the token-attention weights): each draw in training another, in evaluation the model
+    without dropout."""
+    options = ATTNRES if family == 'attnres' else {}
+    model, plain = small(**options, **{rate: .5}), small(**options).eval()
+    randomize_queries(model)
+    randomize_queries(plain)
+    x = images()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert not torch.allclose(model(x), model(x))
+        torch.testing.assert_close(model.eval()(x), plain(x))
+
+
 @pytest.mark.parametrize('option', OPTIONS)
 def test_option_trains_a_step_with_a_gradient_for_every_parameter(option):
     model = small(**OPTIONS[option])
@@ -640,17 +657,21 @@ def test_one_image_channels_last_and_non_contiguous_batches_give_the_logits_of_t
         torch.testing.assert_close(model(strided[..., ::2]), expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('dtype, tolerance', [(torch.bfloat16, 2e-2), (torch.float16, 5e-3)], ids=['bf16', 'fp16'])
 @pytest.mark.parametrize('option', INPUT_OPTIONS)
-def test_half_precision_models_run_on_the_cpu(option, dtype):
+def test_half_precision_models_run_on_the_cpu_close_to_float32(option, dtype, tolerance):
+    """Model and input in bf16 or fp16 (no autocast): logits in that dtype within a relative error (norm-wise) of the
+    float32 model's of about 3 times what it was when written, 4 times that for AttnRes's pre-norm sublayers
+    (bf16: 0.4-0.6 % QIMIA, 2.5-2.8 % AttnRes; fp16: 0.05-0.13 % and 0.4-0.5 %)."""
     model = small(**OPTIONS[option]).eval()
     randomize_queries(model)
     x = images()
     with torch.no_grad():
-        expected = model(x)
+        expected = model(x).double()
         out = model.to(dtype)(x.to(dtype))
     assert out.dtype == dtype
-    torch.testing.assert_close(out.float(), expected, rtol=0, atol=.1)
+    tolerance *= 4 if model.sublayer_values else 1
+    assert (out.double() - expected).norm() < tolerance * expected.norm()
 
 
 @pytest.mark.parametrize('kwargs, error, message', [
@@ -705,13 +726,43 @@ def test_reset_classifier_checks_its_arguments():
 
 # --- optimizer integration ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('option', ['default', 'map_pool'])
-def test_queries_are_not_decayed_and_layer_decay_covers_every_parameter(option):
-    model = small(**OPTIONS[option])
-    assert {n for n, _ in model.named_parameters() if n.endswith('query')} <= model.no_weight_decay()
+def optimizer_settings(model: torch.nn.Module) -> dict:
+    """Each parameter's (lr_scale, weight_decay) in timm's AdamW with layer decay 0.75 and weight decay 0.05."""
     optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=.05, layer_decay=.75)
-    grouped = sum(p.numel() for g in optimizer.param_groups for p in g['params'])
-    assert grouped == sum(p.numel() for p in model.parameters())
+    group_of = {id(p): (g['lr_scale'], g['weight_decay']) for g in optimizer.param_groups for p in g['params']}
+    return {name: group_of[id(p)] for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize('options', [
+    {}, dict(global_pool='map'), dict(depth_kernel='gaussian', null_entry=True, reg_tokens=2), ATTNRES,
+], ids=['default', 'map_pool', 'gaussian_null_registers', 'attnres'])
+def test_layer_decay_and_weight_decay_treat_each_parameter_as_timms_vit_does(options):
+    """Layer decay scales the stem as timm's ViT scales its embeddings, block i as its block i, the last read as its
+    final norm and the head (and attention pool) as its head; weight decay spares embeddings, tokens, null entry,
+    biases, norms, depth-attention queries and Gaussian widths, and decays every other matrix."""
+    model, vit = small(**options), timm.create_model(
+        'vit_tiny_patch16_224', depth=2, img_size=32, patch_size=4, num_classes=10, global_pool='map')
+    vit_scales = {name: scale for name, (scale, _) in optimizer_settings(vit).items()}
+    assert len(set(vit_scales.values())) == 4  # stem, two blocks, head
+    settings = optimizer_settings(model)
+    for name, (scale, decay) in settings.items():
+        part = name.split('.')[0]
+        if part == 'blocks':
+            expected = vit_scales[f'blocks.{name.split(".")[1]}.norm1.weight']
+        elif part in ('read_out', 'norm'):
+            expected = vit_scales['norm.weight']
+        elif part in ('head', 'attn_pool'):
+            expected = vit_scales['head.weight']
+        else:
+            expected = vit_scales['pos_embed']
+        assert scale == pytest.approx(expected), name
+        spared = part in ('cls_token', 'reg_token', 'pos_embed', 'null_key', 'null_value') or name.endswith(
+            ('.query', '.log_gamma', '.bias')) or model.get_parameter(name).ndim == 1
+        assert decay == (0. if spared else .05), name
+    depth_attention = {n for n in settings if n.endswith(('.query', '.log_gamma'))}
+    assert depth_attention <= model.no_weight_decay()  # named too, for optimizers that go by names alone
+    assert any(n.endswith('.log_gamma') for n in settings) == ('gaussian' in options.values())
+    assert any(n.startswith('null_') for n in settings) == options.get('null_entry', False)
 
 
 # --- checkpoints ----------------------------------------------------------------------------------------------------
@@ -765,13 +816,21 @@ def test_a_resize_is_saved_for_the_hub_as_timm_s_vit_saves_it(tmp_path):
 
 
 def test_the_checkpoint_filter_resamples_position_and_patch_embeddings_to_the_model():
-    trained = small(depth=1)
+    """As timm's ViT resamples them (timm's resample_abs_pos_embed and resample_patch_embed); the rest as it is."""
+    trained = small(depth=1).state_dict()
     model = small(depth=1, img_size=64, patch_size=8)
-    state_dict = checkpoint_filter_fn(trained.state_dict(), model)
-    assert state_dict['pos_embed'].shape == (1, 65, 192) and state_dict['patch_embed.proj.weight'].shape[-1] == 8
+    state_dict = checkpoint_filter_fn(trained, model)
+    torch.testing.assert_close(state_dict['pos_embed'], resample_abs_pos_embed(
+        trained['pos_embed'], new_size=[8, 8], old_size=[8, 8], num_prefix_tokens=1), rtol=0, atol=0)
+    torch.testing.assert_close(state_dict['patch_embed.proj.weight'], resample_patch_embed(
+        trained['patch_embed.proj.weight'], [8, 8]), rtol=0, atol=0)
+    assert state_dict.keys() == trained.keys()
+    assert all(torch.equal(state_dict[k], v) for k, v in trained.items() if k not in ('pos_embed',
+                                                                                      'patch_embed.proj.weight'))
     model = small(depth=1, img_size=64)
-    model.load_state_dict(checkpoint_filter_fn(trained.state_dict(), model))
-    assert model.pos_embed.shape == (1, 257, 192)
+    model.load_state_dict(checkpoint_filter_fn(trained, model))
+    torch.testing.assert_close(model.pos_embed.detach(), resample_abs_pos_embed(
+        trained['pos_embed'], new_size=[16, 16], old_size=[8, 8], num_prefix_tokens=1), rtol=0, atol=0)
 
 
 def test_the_checkpoint_filter_resamples_to_a_grid_of_as_many_positions_but_another_shape():

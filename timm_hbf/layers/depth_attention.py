@@ -21,6 +21,7 @@ in plain autograd (its peak memory for vit_qimia_tiny is 9 to 13 % above that of
 recomputed the weights, which was no faster, and 5 % slower compiled: docs/qimia.md).
 """
 import math
+import numbers
 from typing import List, Optional, Tuple
 
 import torch
@@ -28,11 +29,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.jit import Final
 
+from .._checks import check_choice, check_count, check_number, fail
 from .hyperbf_kernel import HyperBFKernel
 
 __all__ = ['DEPTH_KERNELS', 'DepthAttention', 'depth_logits', 'normalized_entropy']
 
 DEPTH_KERNELS = ('dot', 'gaussian')
+KEY_NORMS = ('', 'l2', 'rms')
 
 
 def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
@@ -85,6 +88,13 @@ class DepthAttention(nn.Module):
             dtype=None,
     ) -> None:
         super().__init__()
+        check_count('key_dim', key_dim)
+        check_count('num_heads', num_heads)
+        if key_dim % num_heads:
+            fail('num_heads', num_heads, f'a divisor of key_dim ({key_dim})')
+        check_choice('kernel', kernel, DEPTH_KERNELS)
+        check_choice('key_norm', key_norm, KEY_NORMS)
+        check_number('path_drop', path_drop, numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
         self.key_norm = key_norm
