@@ -9,7 +9,7 @@ import sys
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 import timm
@@ -89,11 +89,19 @@ def qimia_train_run(cifar10_sample, tmp_path_factory) -> Path:
     return _train_in_one_thread(cifar10_sample, tmp_path_factory.mktemp('output') / 'train' / 'qimia-cifar10', QIMIA)
 
 
-def _train_in_one_thread(data: Path, output: Path, model: str) -> Path:
+@pytest.fixture(scope='session')
+def avg_pool_train_run(cifar10_sample, tmp_path_factory) -> Path:
+    """A shorter run of vit_hyperbf_tiny trained with train.py's ``--gp avg``: average pooling, and so timm's
+    ``fc_norm`` after it in place of ``norm``."""
+    return _train_in_one_thread(cifar10_sample, tmp_path_factory.mktemp('output') / 'train' / 'hbf-avg-cifar10',
+                                HYPERBF, gp='avg', epochs=2, steps=1)
+
+
+def _train_in_one_thread(data: Path, output: Path, model: str, **kwargs) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return train_like_train_py(data, output, model)
+        return train_like_train_py(data, output, model, **kwargs)
     finally:
         torch.set_num_threads(threads)
 
@@ -106,13 +114,14 @@ def repo_folder(train_run, tmp_path_factory) -> Path:
 
 
 def train_like_train_py(data: Path, output: Path, model: str = HYPERBF, epochs: int = 4, steps: int = 3,
-                        batch_size: int = 32) -> Path:
+                        batch_size: int = 32, gp: Optional[str] = None) -> Path:
     """Train ``model`` (2 blocks) for a few steps per epoch on CIFAR-10 images, leaving what timm's train.py
     leaves: checkpoints of CheckpointSaver (weights, EMA weights, optimizer, the argument namespace), ``args.yaml``
-    and ``summary.csv`` (written by ``update_summary``, EMA metrics when there is an EMA, as train.py does)."""
+    and ``summary.csv`` (written by ``update_summary``, EMA metrics when there is an EMA, as train.py does). ``gp``
+    is train.py's ``--gp``, its global pooling (None: the model's default)."""
     args = argparse.Namespace(
         data_dir=str(data), dataset='', train_split='train', val_split='test', model=model,
-        model_kwargs={'depth': 2}, pretrained=False, num_classes=10, gp=None, img_size=None, in_chans=None,
+        model_kwargs={'depth': 2}, pretrained=False, num_classes=10, gp=gp, img_size=None, in_chans=None,
         input_size=None, crop_pct=None, mean=None, std=None, interpolation='', epochs=epochs, batch_size=batch_size,
         opt='adamw', lr=1e-3, weight_decay=0.05, sched='cosine', warmup_epochs=0, smoothing=0.1, drop=0.0,
         drop_path=0.05, model_ema=True, model_ema_decay=0.5, seed=0, amp=False, output=str(output.parent),
@@ -124,7 +133,7 @@ def train_like_train_py(data: Path, output: Path, model: str = HYPERBF, epochs: 
     torch.manual_seed(args.seed)
     model = timm.create_model(
         args.model, num_classes=args.num_classes, drop_rate=args.drop, drop_path_rate=args.drop_path,
-        **args.model_kwargs)
+        global_pool=args.gp, **args.model_kwargs)  # timm drops the arguments that are None
     ema = ModelEmaV3(model, decay=args.model_ema_decay)
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay)
     scheduler, _ = create_scheduler_v2(optimizer, sched=args.sched, num_epochs=epochs, warmup_epochs=args.warmup_epochs)

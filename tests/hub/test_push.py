@@ -193,6 +193,22 @@ def test_a_bare_state_dict_pushes_with_the_model_arguments_given(tmp_path):
         assert torch.equal(pushed(x), trained(x))
 
 
+def test_a_run_trained_with_gp_avg_is_pushed_with_global_pool_avg_and_loads_back_pooling_so(avg_pool_train_run,
+                                                                                           tmp_path):
+    """train.py's --gp is a model argument in config.json: the pushed model pools as the trained one did and
+    computes what it did."""
+    folder = tmp_path / 'dry'
+    assert main(['push', str(avg_pool_train_run), '--repo-id', 'push/avg', '--dry-run', str(folder)]) == 0
+    assert json.loads((folder / 'config.json').read_text())['model_args']['global_pool'] == 'avg'
+    pushed = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    trained = read_train_output(avg_pool_train_run).create_model()
+    assert pushed.global_pool == 'avg'
+    assert_same_tensors(pushed.state_dict(), trained.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(pushed(x), trained(x))
+
+
 @pytest.mark.parametrize('model_kwargs, input_size, fixed', [
     (dict(img_size=48), (3, 48, 48), True),
     (dict(in_chans=1), (1, 32, 32), True),
@@ -256,6 +272,27 @@ def test_token_refused(hub_cache, fresh_hub, train_run, monkeypatch, capsys):
     monkeypatch.setenv('HF_TOKEN', 'hf_not_a_valid_token')
     assert main(['push', str(train_run), '--repo-id', 'push/refused']) == 1
     assert 'failed: the Hub refused your token (HTTP 401): log in with `hf auth login`' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('refused', ['create', 'commit'])
+def test_a_token_without_write_access_says_to_use_one_that_has_it_and_changes_nothing(logged_in, fresh_hub,
+                                                                                       train_run, capsys, refused):
+    """HTTP 403: the token may not create a repo in the organisation, or not commit to its existing repo."""
+    repo = f'other-org/forbidden-{refused}'
+    if refused == 'commit':
+        fresh_hub.publish(repo, {'README.md': b'their model'})
+        before = fresh_hub.files(repo)
+        fresh_hub.fail('POST', f'/api/models/{repo}/commit/main', 'status', status=403)
+    else:
+        fresh_hub.fail('POST', '/api/repos/create', 'status', status=403)
+    assert main(['push', str(train_run), '--repo-id', repo]) == 1
+    assert capsys.readouterr().err.endswith(  # after the progress bars of the upload, where there was one
+        f'error: Pushing to {repo}@main failed: your token may not do this (HTTP 403). Use a token with write access '
+        'to other-org.\n')
+    if refused == 'commit':
+        assert fresh_hub.files(repo) == before
+    else:
+        assert repo not in fresh_hub.repos
 
 
 @pytest.mark.parametrize('method, path, kind, message', [
@@ -363,6 +400,26 @@ def test_weights_of_the_other_family_push_says_they_do_not_fit(logged_in, fresh_
                               "{'num_classes': 10, 'in_chans': 3}: ")
     assert ' missing (' in message and ' unexpected (' in message
     assert message.endswith('Name the architecture it was trained as with --model.\n')
+
+
+@pytest.mark.parametrize('existing', ['empty folder', 'folder', 'file'])
+def test_a_dry_run_into_an_existing_path_is_refused_and_leaves_it_as_it_was(train_run, tmp_path, capsys, existing):
+    """--dry-run writes a new folder, all or nothing: an existing one (even empty) or a file there is left alone."""
+    target = tmp_path / 'dry'
+    if existing == 'file':
+        target.write_text('notes\n')
+    else:
+        target.mkdir()
+        if existing == 'folder':
+            (target / 'config.json').write_text('{"architecture": "mine"}')
+    assert main(['push', str(train_run), '--repo-id', 'push/exists', '--dry-run', str(target)]) == 1
+    assert capsys.readouterr().err == f'error: {target} already exists: name a new folder.\n'
+    assert [p.name for p in tmp_path.iterdir()] == ['dry']  # no partial folder beside it
+    if existing == 'file':
+        assert target.read_text() == 'notes\n'
+    else:
+        assert {p.name: p.read_text() for p in target.iterdir()} == (
+            {'config.json': '{"architecture": "mine"}'} if existing == 'folder' else {})
 
 
 def test_a_push_with_hf_hub_offline_says_to_unset_it(logged_in, fresh_hub, train_run, monkeypatch, capsys):

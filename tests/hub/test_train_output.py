@@ -76,6 +76,18 @@ def test_create_model_gives_the_checkpoint_weights_in_eval_mode(train_run):
     assert_same_tensors(model.state_dict(), train.state_dict)
 
 
+def test_train_py_gp_rebuilds_the_model_with_that_global_pooling(avg_pool_train_run):
+    """train.py's ``--gp avg`` is the model argument ``global_pool='avg'``, the model the weights (with ``fc_norm``,
+    without ``norm``) fit."""
+    train = read_train_output(avg_pool_train_run)
+    assert train.args['gp'] == 'avg'
+    assert train.model_kwargs == {'depth': 2, 'global_pool': 'avg', 'num_classes': 10, 'in_chans': 3}
+    assert 'fc_norm.weight' in train.state_dict and 'norm.weight' not in train.state_dict
+    model = train.create_model()
+    assert model.global_pool == 'avg' and not model.training
+    assert_same_tensors(model.state_dict(), train.state_dict)
+
+
 def test_args_come_from_the_checkpoint_without_args_yaml(train_run, tmp_path):
     shutil.copy(train_run / 'last.pth.tar', tmp_path)
     train = read_train_output(tmp_path / 'last.pth.tar')

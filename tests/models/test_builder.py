@@ -6,6 +6,7 @@ safetensors file as the shipped weights will."""
 import argparse
 import pickle
 import sys
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict
@@ -198,6 +199,26 @@ def test_the_tags_class_names_go_with_its_weights_only(shipped, tmp_path):
         tuple('abcdefghij')
 
 
+def test_pretrained_strict_false_loads_weights_that_lack_entries_and_leaves_those_as_initialised(shipped, tmp_path):
+    """timm's ``pretrained_strict=False`` takes weights of part of the model; without it, what they lack is named."""
+    trained = weights(HYPERBF)
+    state_dict = {k: v for k, v in trained.items() if not k.startswith('blocks.1.')}
+    save_file(state_dict, tmp_path / 'partial.safetensors')
+    message = load_error(tmp_path / 'partial.safetensors')
+    assert message.startswith(f'{tmp_path}/partial.safetensors does not fit {HYPERBF} as built: ')
+    assert ' missing (blocks.1.norm1.weight, ' in message and 'unexpected' not in message
+    torch.manual_seed(2)
+    initialised = timm.create_model(HYPERBF).state_dict()
+    torch.manual_seed(2)
+    model = timm.create_model(HYPERBF, pretrained=True, pretrained_strict=False,
+                              pretrained_cfg_overlay=dict(file=str(tmp_path / 'partial.safetensors')))
+    assert_loaded(model, state_dict)
+    lacking = {k: v for k, v in initialised.items() if k not in state_dict}
+    assert lacking and all(k.startswith('blocks.1.') for k in lacking)
+    assert_loaded(model, lacking)
+    assert not all(torch.equal(v, trained[k]) for k, v in lacking.items())  # initialised otherwise than trained
+
+
 # --- tags -----------------------------------------------------------------------------------------------------------
 
 def test_pretrained_for_a_tag_without_weights_names_it_the_tags_with_weights_and_how_to_load_ones_own(shipped):
@@ -275,6 +296,39 @@ def test_a_truncated_pth_says_it_is_truncated(shipped, tmp_path):
     assert load_error(tmp_path / 'w.pth') == (
         f'{tmp_path}/w.pth is truncated (its zip archive has no end). It was cut short while being written or '
         'copied. Save or copy the weights again.')
+
+
+@pytest.mark.parametrize('header, problem', [
+    ('{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}',
+     "its safetensors header cannot be parsed (JSONDecodeError: Expecting ',' delimiter: "),
+    ('{"w": {"dtype": "F32", "shape": [4]}}', "its safetensors header cannot be parsed (KeyError: 'data_offsets')"),
+    ('{"w": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}',
+     'safetensors cannot read it (SafetensorError: Error while deserializing header: '),
+], ids=['not_json', 'entry_without_offsets', 'shape_beyond_offsets'])
+def test_a_safetensors_file_with_a_damaged_header_says_it_is_damaged(shipped, tmp_path, header, problem):
+    file = tmp_path / 'w.safetensors'
+    file.write_bytes(len(header).to_bytes(8, 'little') + header.encode() + bytes(16))
+    message = load_error(file)
+    assert message.startswith(f'{file} is damaged: {problem}')
+    assert message.endswith('). Save or copy the weights again.')
+
+
+@pytest.mark.parametrize('name, damaged', [
+    ('last.pth.tar', 'central directory'),  # the archive's list of its files, at its end
+    ('weights.pth', 'local header'),  # the header of a file in the archive (torch.load reads .format_version first)
+])
+def test_a_pth_with_a_damaged_zip_archive_says_it_is_damaged(shipped, tmp_path, name, damaged):
+    torch.save({'state_dict': weights(HYPERBF)}, tmp_path / 'full.pth')
+    data = (tmp_path / 'full.pth').read_bytes()
+    with zipfile.ZipFile(tmp_path / 'full.pth') as archive:
+        member = next(m for m in archive.infolist() if m.filename.endswith('/.format_version'))
+    at = data.rindex(b'PK\x01\x02') if damaged == 'central directory' else member.header_offset
+    assert data[at:at + 2] == b'PK'
+    (tmp_path / name).write_bytes(data[:at] + b'XXXX' + data[at + 4:])  # the zip signature there overwritten
+    message = load_error(tmp_path / name)
+    assert message.startswith(f'{tmp_path}/{name} is damaged: torch.load cannot read it (RuntimeError: '
+                              'PytorchStreamReader failed reading ')
+    assert 'archive is corrupted' in message and message.endswith('). Save or copy the weights again.')
 
 
 def test_a_pth_named_safetensors_says_to_rename_it(shipped, tmp_path):

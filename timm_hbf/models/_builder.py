@@ -342,8 +342,8 @@ def _truncated(path: Path, detail: str) -> WeightsFileError:
     return WeightsFileError(path, f'is truncated ({detail})', CUT_SHORT)
 
 
-def _damaged(path: Path, reader: str, err: Exception) -> WeightsFileError:
-    return WeightsFileError(path, f'is damaged: {reader} cannot read it ({type(err).__name__}: {err})', AGAIN)
+def _damaged(path: Path, problem: str, err: Exception) -> WeightsFileError:
+    return WeightsFileError(path, f'is damaged: {problem} ({type(err).__name__}: {err})', AGAIN)
 
 
 def _read_safetensors(path: Path, head: bytes, size: int) -> Dict[str, torch.Tensor]:
@@ -357,13 +357,13 @@ def _read_safetensors(path: Path, head: bytes, size: int) -> Dict[str, torch.Ten
             data_end = header_end + max(
                 (entry['data_offsets'][1] for name, entry in header.items() if name != '__metadata__'), default=0)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
-            raise _damaged(path, 'its header', e) from e
+            raise _damaged(path, 'its safetensors header cannot be parsed', e) from e
     if data_end > size:
         raise _truncated(path, f'its header describes {data_end} bytes, the file has {size}')
     try:
         return safetensors.torch.load_file(path)
     except safetensors.SafetensorError as e:
-        raise _damaged(path, 'safetensors', e) from e
+        raise _damaged(path, 'safetensors cannot read it', e) from e
 
 
 _SAFE_GLOBALS_LOCK = threading.Lock()
@@ -383,7 +383,7 @@ def _read_torch(path: Path, head: bytes) -> Any:
                 'It is not unpickled any further, since that could run code: save the state dict alone '
                 '(model.state_dict()) with torch.save or safetensors.torch.save_file.') from e
         except Exception as e:  # the reader's errors of a damaged archive or pickle (legacy format: truncation too)
-            raise _damaged(path, 'torch.load', e) from e
+            raise _damaged(path, 'torch.load cannot read it', e) from e
 
 
 def weights_of(checkpoint: Any, path: Union[str, Path], keys: Iterable[str] = WEIGHTS_KEYS) -> Dict[str, torch.Tensor]:
