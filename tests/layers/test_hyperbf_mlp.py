@@ -151,6 +151,20 @@ def test_timm_block_drives_the_layer_with_its_arguments():
     assert block.mlp.fc2 is block.mlp.readout  # the name timm's ViT uses to rescale the last layer (fix_init)
 
 
+@pytest.mark.parametrize('normalized', [False, True], ids=['independent', 'normalized'])
+@pytest.mark.parametrize('kernel', ['gaussian', 'laplacian'])
+@pytest.mark.parametrize('dim', [192, 768])
+def test_init_widths_give_units_of_the_scale_intended(dim, kernel, normalized):
+    """On LayerNorm'd inputs: independent units start with exponents ``-gamma d`` about -1 (``K`` about exp(-1));
+    normalised units with logits that vary across centres by about 1, as in scaled dot-product attention."""
+    torch.manual_seed(0)
+    log_units = HyperBFMlp(dim, 4 * dim, kernel=kernel, normalized=normalized).log_units(layer_normed(2, 8, dim))
+    if normalized:
+        assert .5 < log_units.std(-1).mean() < 2.
+    else:
+        assert -2. < log_units.mean() < -.5
+
+
 def test_init_widths_and_reset():
     assert torch.allclose(HyperBFMlp(192, 768).kernel.gamma(), torch.tensor(1 / 384))
     assert torch.allclose(HyperBFMlp(192, 768, normalized=True).kernel.gamma(), torch.tensor(1 / (2 * 192 ** 0.5)))

@@ -789,6 +789,36 @@ def test_dynamic_img_size_on_square_and_non_square_grids():
                 assert dynamic(torch.randn(2, 3, *size)).shape == (2, 10)
 
 
+def test_dynamic_img_pad_pads_to_whole_patches_as_timms_vit_does():
+    """An image of 30 x 30 at patch 4 is padded with zeros at the bottom and the right to 32 x 32."""
+    x = torch.randn(2, 3, 30, 30, generator=torch.Generator().manual_seed(0))
+    padded = F.pad(x, (0, 2, 0, 2))
+    for model in (small(dynamic_img_size=True, dynamic_img_pad=True),
+                  timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=2, dynamic_img_size=True,
+                                    dynamic_img_pad=True)):
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(x), model(padded), rtol=0, atol=0)
+
+
+def test_weight_init_skip_leaves_the_layers_as_pytorch_built_them():
+    """For weights loaded next: no ViT init (Linears trunc-normal at std 0.02), PyTorch's uniform init of Linears
+    (std 1 / sqrt(3 fan_in), 0.042 at width 192) as each layer built itself."""
+    def linear_std(model: torch.nn.Module) -> float:
+        return torch.cat([m.weight.flatten() for m in model.modules() if isinstance(m, torch.nn.Linear)]).std().item()
+
+    assert linear_std(small()) == pytest.approx(.02, rel=.1)
+    assert linear_std(small(weight_init='skip')) > .035
+
+
+@pytest.mark.parametrize('pool_type', [None, 'token', 'avg', 'max', 'avgmax'])
+def test_pool_pools_tokens_as_timms_vit_does(pool_type):
+    """``pool(x, pool_type)`` on any tokens, prefix tokens (class and registers) left out but by ``'token'``."""
+    qimia = small(reg_tokens=2)
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=4, depth=1, reg_tokens=2)
+    x = torch.randn(2, 3 + 64, 192)
+    torch.testing.assert_close(qimia.pool(x, pool_type), vit.pool(x, pool_type), rtol=0, atol=0)
+
+
 def test_set_input_size_resamples_the_position_embedding():
     model = small().eval()
     model.set_input_size(img_size=(32, 48))
