@@ -68,6 +68,7 @@ def split_data(source: Path, test_split: str, dest: Path, val_per_class: int,
         raise SystemExit(f'--data {source}: expected an ImageFolder layout with train/ and {test_split}/ folders '
                          '(give the folder that holds them; --test-split names another one than test/).')
     if dest.exists():
+        check_made_here(source, dest)
         shutil.rmtree(dest)  # links only: a split of other arguments must not linger
     for class_dir in sorted(p for p in (source / 'train').iterdir() if p.is_dir()):
         images = sorted(p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
@@ -83,6 +84,19 @@ def split_data(source: Path, test_split: str, dest: Path, val_per_class: int,
                 (dest / split / class_dir.name / image.name).symlink_to(image.resolve())
     (dest / 'test').symlink_to((source / test_split).resolve(), target_is_directory=True)
     return dest
+
+
+def check_made_here(source: Path, dest: Path) -> None:
+    """Stops unless ``dest`` is a split :func:`split_data` made (folders of symbolic links) that ``source`` does not
+    lie in: that alone may be deleted and made anew."""
+    if source.resolve() == dest.resolve() or dest.resolve() in source.resolve().parents:
+        raise SystemExit(f'--data {source} lies in {dest}, where the script writes its split: give --data outside it '
+                         'or another --out.')
+    for folder, _, files in os.walk(dest):
+        kept = [name for name in files if not (Path(folder) / name).is_symlink()]
+        if kept:
+            raise SystemExit(f'--out: {dest} holds files this script did not make ({Path(folder) / kept[0]}); it '
+                             'makes that folder anew, links only. Give another --out or move them away.')
 
 
 def model_spec(spec: str) -> Tuple[str, Dict[str, str]]:
@@ -297,8 +311,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     if not Path(args.recipe).is_file():
         raise SystemExit(f'--recipe {args.recipe}: no such file (the recipes are in {SHORT_RECIPE.parents[1]}).')
     for model in args.models:
-        model_spec(model)
+        name, _ = model_spec(model)
+        if not timm.is_model(name):
+            raise SystemExit(f'--models {model}: timm has no model {name} (timm.list_models() lists those it has, '
+                             'ours among them).')
+    for flag in ('jobs', 'val_per_class', 'train_per_class'):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(args, flag)}.")
     out = Path(args.out)
+    if (out / 'data').exists():  # before an earlier run's records are read against it
+        check_made_here(Path(args.data), out / 'data')
     for seed in args.seeds:
         for model in args.models:
             check_earlier_run(args, model, seed, out / 'data')
@@ -320,6 +342,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
                 record['runs'].append(future.result())
             except RuntimeError as e:
                 failed.append(str(e))
+    if not record['runs']:  # what an earlier call wrote stays
+        raise SystemExit('\n'.join(failed))
     record['summary'] = summarise(record['runs'], args.baseline)
     table = markdown(record['summary'], args.baseline)
     (out / 'accuracy.json').write_text(json.dumps(record, indent=2) + '\n')

@@ -24,8 +24,8 @@ for flag in ('-c', '--model', '--seed', '--data-dir', '--train-split', '--val-sp
              '--device', '--epochs', '--resume'):
     parser.add_argument(flag)
 args = parser.parse_args()
-if args.model == 'broken':
-    sys.exit('no such model')
+if args.model == 'vit_attnres_tiny':  # a run that fails
+    sys.exit('the run failed')
 out = Path(args.output) / args.experiment
 out.mkdir(parents=True, exist_ok=True)
 (out / 'argv.json').write_text(json.dumps(sys.argv[1:]))
@@ -170,11 +170,38 @@ def test_every_run_logs_to_a_file_of_its_own_even_where_a_variant_holds_a_decima
 
 def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, tmp_path):
     out = tmp_path / 'out'
-    with pytest.raises(SystemExit, match=r'broken-seed42: train.py failed, see .*broken-seed42.log'):
-        accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--models', 'broken', 'vit_hyperbf_tiny',
-                 '--val-per-class', '10', '--jobs', '2', '--out', str(out))
+    with pytest.raises(SystemExit, match=r'vit_attnres_tiny-seed42: train.py failed, see .*attnres_tiny-seed42.log'):
+        accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--models', 'vit_attnres_tiny',
+                 'vit_hyperbf_tiny', '--val-per-class', '10', '--jobs', '2', '--out', str(out))
     assert [r['model'] for r in json.loads((out / 'accuracy.json').read_text())['runs']] == ['vit_hyperbf_tiny']
-    assert 'no such model' in (out / 'runs' / 'broken-seed42.log').read_text()
+    assert 'the run failed' in (out / 'runs' / 'vit_attnres_tiny-seed42.log').read_text()
+
+
+def test_when_every_run_fails_the_record_of_an_earlier_call_stays(cifar10_sample, scripts, tmp_path):
+    out = tmp_path / 'out'
+    argv = ['--scripts', str(scripts), '--data', str(cifar10_sample), '--val-per-class', '10', '--out', str(out)]
+    accuracy(*argv, '--models', 'vit_hyperbf_tiny')
+    earlier = {name: (out / name).read_bytes() for name in ('accuracy.json', 'accuracy.md', 'accuracy.png')}
+    with pytest.raises(SystemExit, match='vit_attnres_tiny-seed42: train.py failed'):
+        accuracy(*argv, '--models', 'vit_attnres_tiny')
+    assert {name: (out / name).read_bytes() for name in earlier} == earlier
+
+
+def test_the_split_is_made_anew_only_where_it_holds_links_alone(cifar10_sample, scripts, tmp_path):
+    """The script deletes and remakes --out/data: a folder there with a file of its own, or the --data given, is
+    refused and left as it was."""
+    out = tmp_path / 'out'
+    argv = ['--scripts', str(scripts), '--val-per-class', '10', '--models', 'vit_hyperbf_tiny', '--out', str(out)]
+    accuracy(*argv, '--data', str(cifar10_sample))
+    accuracy(*argv, '--data', str(cifar10_sample))  # its own split: made anew
+    mine = out / 'data' / 'train' / 'notes.txt'
+    mine.write_text('mine')
+    with pytest.raises(SystemExit, match=r'--out: .*data holds files this script did not make \(.*notes.txt\)'):
+        accuracy(*argv, '--data', str(cifar10_sample))
+    assert mine.read_text() == 'mine' and (out / 'data' / 'test').is_symlink()
+    with pytest.raises(SystemExit, match=r'--data .* lies in .*data, where the script writes its split'):
+        accuracy(*argv, '--data', str(out / 'data'))
+    assert mine.read_text() == 'mine'
 
 
 @pytest.mark.parametrize('problem, match', [
@@ -183,14 +210,18 @@ def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, 
     ('data', r'expected an ImageFolder layout with train/ and test/'),
     ('val', r'--val-per-class 100 leaves no training image of class airplane'),
     ('variant', r'--models vit_qimia_tiny:depth: expected NAME or NAME:KEY=VALUE'),
+    ('model', r'--models vit_qimia_tyni: timm has no model vit_qimia_tyni \(timm.list_models\(\) lists'),
+    ('jobs', r'--jobs must be an integer >= 1, got 0'),
     ('split', r'--val-split after --: the script splits the data itself .* give --data and --test-split'),
 ])
 def test_bad_input_names_the_fix(problem, match, cifar10_sample, scripts, tmp_path):
     argv = dict(scripts=scripts, data=cifar10_sample, recipe=MODERN, val='10', model='vit_hyperbf_tiny')
     argv.update({'recipe': dict(recipe=tmp_path / 'nope.yaml'), 'scripts': dict(scripts=tmp_path),
                  'data': dict(data=cifar10_sample / 'train'), 'val': dict(val='100'),
-                 'variant': dict(model='vit_qimia_tiny:depth'), 'split': {}}[problem])
+                 'variant': dict(model='vit_qimia_tiny:depth'), 'model': dict(model='vit_qimia_tyni'), 'split': {},
+                 'jobs': {}}[problem])
     train_args = ['--', '--val-split', 'test'] if problem == 'split' else []
+    train_args = ['--jobs', '0'] if problem == 'jobs' else train_args
     with pytest.raises(SystemExit, match=match):
         accuracy('--scripts', str(argv['scripts']), '--data', str(argv['data']), '--recipe', str(argv['recipe']),
                  '--val-per-class', argv['val'], '--models', argv['model'], '--out', str(tmp_path / 'out'), *train_args)
