@@ -7,9 +7,9 @@ Bools are not numbers here: ``True`` is refused where a count or a rate is asked
 """
 import math
 import numbers
-from typing import Any, Callable, NoReturn, Sequence, Type
+from typing import Any, Callable, Mapping, NoReturn, Sequence, Type
 
-__all__ = ['check_choice', 'check_count', 'check_flag', 'check_number', 'check_positive', 'fail']
+__all__ = ['check_choice', 'check_count', 'check_flag', 'check_number', 'check_positive', 'check_vit_arguments', 'fail']
 
 
 def fail(name: str, value: Any, allowed: str, error: Type[Exception] = ValueError) -> NoReturn:
@@ -45,3 +45,25 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     """One of ``choices``."""
     if value not in choices:
         fail(name, value, f'one of {tuple(choices)}')
+
+
+def check_vit_arguments(args: Mapping[str, Any]) -> None:
+    """The arguments of timm's ``VisionTransformer`` that both families take, those of them in ``args``: timm's ViT
+    builds a model without blocks at ``depth=0`` and one without a head at ``num_classes=-1``, and fails deep inside
+    on a string ``img_size``."""
+    for name in ('qkv_bias', 'qk_norm', 'class_token', 'dynamic_img_size', 'dynamic_img_pad'):
+        if name in args:
+            check_flag(name, args[name])
+    for name, low in (('in_chans', 1), ('num_classes', 0), ('embed_dim', 1), ('depth', 1), ('num_heads', 1),
+                      ('reg_tokens', 0)):
+        if name in args:
+            check_count(name, args[name], low)
+    for name in ('img_size', 'patch_size'):
+        value = args.get(name, 1)
+        pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+        if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                     for v in pair):
+            fail(name, value, 'an integer >= 1 or a pair of them (height, width)')
+    for name in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate', 'drop_path_rate'):
+        if name in args:
+            check_number(name, args[name], numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')

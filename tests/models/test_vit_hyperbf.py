@@ -347,6 +347,28 @@ def test_a_switch_that_is_not_a_bool_is_rejected_with_the_argument_named(name, v
         small(**{name: value})
 
 
+@pytest.mark.parametrize('kwargs, error, message', [
+    (dict(depth=0), ValueError, r'depth must be an integer >= 1, got 0'),
+    (dict(depth=1.5), TypeError, r'depth must be an integer >= 1, got 1.5 \(float\)'),
+    (dict(num_classes=-1), ValueError, r'num_classes must be an integer >= 0, got -1'),
+    (dict(in_chans=0), ValueError, r'in_chans must be an integer >= 1, got 0'),
+    (dict(img_size='32'), ValueError, r"img_size must be an integer >= 1 or a pair of them .*, got '32'"),
+    (dict(patch_size=0), ValueError, r'patch_size must be an integer >= 1 or a pair of them .*, got 0'),
+    (dict(reg_tokens=-1), ValueError, r'reg_tokens must be an integer >= 0, got -1'),
+    (dict(class_token='no'), TypeError, r"class_token must be True or False, got 'no'"),
+    (dict(drop_path_rate=1.), ValueError, r'drop_path_rate must be a rate in \[0, 1\), got 1.0'),
+], ids=['no_blocks', 'fractional_depth', 'negative_classes', 'no_channels', 'size_as_text', 'zero_patch',
+        'negative_registers', 'flag_as_text', 'drop_every_path'])
+def test_timm_vit_arguments_are_checked_as_the_qimia_family_checks_them(kwargs, error, message):
+    """timm's ViT would build a model without blocks at depth 0 or without a head at num_classes -1, and fail deep
+    inside on the rest."""
+    with pytest.raises(error, match=message):
+        small(**kwargs)
+    for family in ('vit_qimia_tiny', 'vit_attnres_tiny'):
+        with pytest.raises(error, match=message):
+            timm.create_model(family, **dict(dict(depth=1), **kwargs))
+
+
 def test_an_mlp_with_no_centres_is_rejected_with_the_argument_named():
     """mlp_ratio=0 gives no centres; it is not silently replaced by embed_dim centres."""
     with pytest.raises(ValueError, match=r'hidden_features \(the number of centres; mlp_ratio \* embed_dim in a ViT\) '

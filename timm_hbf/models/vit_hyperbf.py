@@ -25,7 +25,7 @@ import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from .._checks import check_choice, check_flag, check_positive, fail
+from .._checks import check_choice, check_flag, check_positive, check_vit_arguments, fail
 from ..layers import KERNELS, HyperBFAttention, HyperBFMlp
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
@@ -69,6 +69,7 @@ class VisionTransformerHyperBF(VisionTransformer):
             attn_gamma_init: Optional[float] = None,
             **kwargs,
     ) -> None:
+        check_vit_arguments(kwargs)
         check_choice('kernel', kernel, KERNELS)
         check_flag('mahalanobis', mahalanobis)
         check_flag('mlp_normalized', mlp_normalized)

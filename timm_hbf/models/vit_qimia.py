@@ -46,7 +46,7 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_choice, check_count, check_flag, check_number, fail
+from .._checks import check_choice, check_count, check_flag, check_number, check_vit_arguments, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
@@ -155,23 +155,14 @@ def _halves(entries: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], List[t
 
 def _check_arguments(args: Dict[str, Any]) -> None:
     """Every constructor argument of :class:`VisionTransformerQimia` checked for type and range."""
-    for name in ('qkv_bias', 'qk_norm', 'key_norm', 'keys_from_values', 'sublayer_values', 'null_entry', 'class_token',
-                 'dynamic_img_size', 'dynamic_img_pad'):
+    check_vit_arguments(args)
+    for name in ('key_norm', 'keys_from_values', 'sublayer_values', 'null_entry'):
         check_flag(name, args[name])
-    for name, low in (('in_chans', 1), ('num_classes', 0), ('embed_dim', 1), ('depth', 1), ('num_heads', 1),
-                      ('memory_block_size', 1), ('reg_tokens', 0), ('key_dim', 1), ('depth_num_heads', 1)):
-        optional = name in ('key_dim', 'depth_num_heads')
-        if not (optional and args[name] is None):
-            check_number(name, args[name], numbers.Integral, lambda v: v >= low,
-                         f'an integer >= {low}' + (', or None for the default' if optional else ''))
-    for name in ('img_size', 'patch_size'):
-        value = args[name]
-        pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-        if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                                     for v in pair):
-            fail(name, value, 'an integer >= 1 or a pair of them (height, width)')
-    for name in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate', 'drop_path_rate'):
-        check_number(name, args[name], numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
+    check_count('memory_block_size', args['memory_block_size'])
+    for name in ('key_dim', 'depth_num_heads'):
+        if args[name] is not None:
+            check_number(name, args[name], numbers.Integral, lambda v: v >= 1,
+                         'an integer >= 1, or None for the default')
     check_number('mlp_ratio', args['mlp_ratio'], numbers.Real, lambda v: int(v * args['embed_dim']) >= 1,
                  f"a number with int(embed_dim * mlp_ratio) >= 1 (embed_dim {args['embed_dim']})")
     for name, choices in (('global_pool', GLOBAL_POOLS), ('depth_kernel', DEPTH_KERNELS),
