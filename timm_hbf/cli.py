@@ -6,12 +6,13 @@ import argparse
 import sys
 from typing import List, Optional
 
+import timm.utils
 import torch
-from timm.utils import ParseKwargs
 
 from .hub import HubError, push_to_hub, read_train_output, write_repo_folder
+from .hub.push import REPO_ID_FORM, is_repo_id
 
-__all__ = ['main']
+__all__ = ['ParseKwargs', 'main']
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}
 
@@ -62,9 +63,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class ParseKwargs(timm.utils.ParseKwargs):
+    """timm's ``--model-kwargs`` action (``KEY=VALUE`` items, each value a Python literal or else a string), with a
+    usage error for an item that is not ``KEY=VALUE``: ``parser.add_argument('--model-kwargs', nargs='*',
+    action=ParseKwargs)``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: List[str],
+                 option_string: Optional[str] = None) -> None:
+        for value in values:
+            key, equals, _ = value.partition('=')
+            if value and not (key and equals):
+                raise argparse.ArgumentError(self, f'takes KEY=VALUE items, got {value!r}')
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _repo_id(value: str) -> str:
-    if value.count('/') != 1 or not all(value.split('/')):
-        raise argparse.ArgumentTypeError(f'{value!r} is not ORG/NAME')
+    if not is_repo_id(value):
+        raise argparse.ArgumentTypeError(f'{value!r} is not {REPO_ID_FORM}')
     return value
 
 

@@ -27,6 +27,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                          'Launch with torchrun, its successor, as timm does: torchrun --nproc_per_node N -m '
                          'timm_hbf.run pytorch-image-models/train.py ...')
     script = Path(argv[0])
+    must = f'timm_hbf.run: SCRIPT must be a Python file such as train.py, got {argv[0]!r}'
+    if script.is_dir():
+        raise SystemExit(f'{must}, a folder: name the script in it, e.g. python -m timm_hbf.run '
+                         f'{script / "train.py"} ...')
+    if script.suffix != '.py':
+        raise SystemExit(f'{must}. The script comes first, its arguments after it: python -m timm_hbf.run SCRIPT '
+                         '[ARGS...]')
     if not script.is_file():
         raise SystemExit(
             f"timm_hbf.run: no script at '{script}'. timm's train.py, validate.py, inference.py and benchmark.py are "

@@ -1,22 +1,27 @@
 """``timm-hbf push`` against the loopback Hub, and the pull of what it pushed with ``timm.create_model('hf-hub:...')``,
 each in a fresh process with its own HF_HOME."""
 import argparse
+import errno
 import hashlib
 import json
+import os
 import re
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import timm
 import torch
 import yaml
 from huggingface_hub import HfApi, constants, snapshot_download
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
 from timm_hbf.cli import main
-from timm_hbf.hub import read_train_output
+from timm_hbf.hub import HubError, push, push_to_hub, read_train_output, write_repo_folder
 
 from .conftest import CIFAR10_LABELS, HYPERBF, TOKEN, run_pull, run_push
 
@@ -308,6 +313,28 @@ def test_lasting_fault_commits_nothing(logged_in, fresh_hub, train_run, no_backo
     assert set(fresh_hub.files(repo)) == {'.gitattributes'}
 
 
+@pytest.mark.parametrize('failure', ['name not resolved', 'connection refused'])
+def test_a_hub_out_of_reach_says_so_and_where(logged_in, fresh_hub, train_run, no_backoff, monkeypatch, capsys,
+                                              failure):
+    """No network, a wrong HF_ENDPOINT, a proxy that is not there: no connection opens, and nothing broke off."""
+    if failure == 'name not resolved':
+        endpoint, cause = 'http://hub.invalid', '[Errno -2] Name or service not known'
+
+        def getaddrinfo(*args, **kwargs):  # what the resolver says without a network
+            raise socket.gaierror(-2, 'Name or service not known')
+        monkeypatch.setattr(socket, 'getaddrinfo', getaddrinfo)
+    else:
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(('127.0.0.1', 0))
+            endpoint, cause = f'http://127.0.0.1:{s.getsockname()[1]}', '[Errno 111] Connection refused'
+    monkeypatch.setattr(constants, 'ENDPOINT', endpoint)
+    assert main(['push', str(train_run), '--repo-id', 'push/out-of-reach']) == 1
+    assert capsys.readouterr().err == (
+        f'error: Pushing to push/out-of-reach@main failed: cannot reach {endpoint} ({cause}). Check the network '
+        'connection, the proxy settings and HF_ENDPOINT.\n')
+    assert fresh_hub.requests == []
+
+
 def test_checkpoint_of_another_architecture_is_refused_before_any_request(logged_in, fresh_hub, train_run, capsys):
     assert main(['push', str(train_run), '--repo-id', 'push/small', '--model', 'vit_hyperbf_small']) == 1
     assert 'does not fit vit_hyperbf_small' in capsys.readouterr().err
@@ -397,9 +424,34 @@ def test_weights_of_the_other_family_push_says_they_do_not_fit(logged_in, fresh_
     save_file(read_train_output(train_run).state_dict, tmp_path / 'hyperbf.safetensors')
     message = failed_push(fresh_hub, logged_in, capsys, tmp_path / 'hyperbf.safetensors', '--model', 'vit_qimia_tiny')
     assert message.startswith(f"error: {tmp_path}/hyperbf.safetensors does not fit vit_qimia_tiny built with "
-                              "{'num_classes': 10, 'in_chans': 3}: ")
+                              "{'num_classes': 10, 'in_chans': 3} (no model arguments: neither the checkpoint nor an "
+                              "args.yaml beside it records them): ")
     assert ' missing (' in message and ' unexpected (' in message
-    assert message.endswith('Name the architecture it was trained as with --model.\n')
+    assert message.endswith(". Give the model arguments it was trained with (train.py's --model-kwargs, e.g. depth=2) "
+                            'with --model-kwargs; check --model too.\n')
+
+
+def test_a_bare_state_dict_of_other_model_arguments_push_says_to_give_them(logged_in, fresh_hub, tmp_path, capsys):
+    """--model names the architecture: what is missing is the model arguments, which nothing records here."""
+    torch.save(timm.create_model(HYPERBF, depth=1).state_dict(), tmp_path / 'hbf_sd.pth')
+    message = failed_push(fresh_hub, logged_in, capsys, tmp_path / 'hbf_sd.pth', '--model', HYPERBF)
+    assert message == (
+        f"error: {tmp_path}/hbf_sd.pth does not fit vit_hyperbf_tiny built with {{'num_classes': 10, 'in_chans': 3}} "
+        '(no model arguments: neither the checkpoint nor an args.yaml beside it records them): 143 missing '
+        '(blocks.1.norm1.weight, blocks.1.norm1.bias, blocks.1.attn.qkv.weight, ...). Give the model arguments it '
+        "was trained with (train.py's --model-kwargs, e.g. depth=2) with --model-kwargs; check --model too.\n")
+
+
+def test_model_arguments_given_that_the_model_does_not_take_push_says_to_fix_model_kwargs(logged_in, fresh_hub,
+                                                                                          train_run, capsys):
+    """The run has an args.yaml, but --model-kwargs takes its place: the message names the option, not the file."""
+    message = failed_push(fresh_hub, logged_in, capsys, train_run, '--model-kwargs', 'depth=2', 'bogus=3')
+    assert message == (
+        "error: vit_hyperbf_tiny cannot be built with {'depth': 2, 'bogus': 3, 'num_classes': 10, 'in_chans': 3} "
+        "(the model arguments given with --model-kwargs): VisionTransformer.__init__() got an unexpected keyword "
+        "argument 'bogus'. Fix --model-kwargs: they must be the model arguments it was trained with (train.py's); "
+        f'if it was not trained as vit_hyperbf_tiny ({train_run}/args.yaml says so), name its architecture with '
+        '--model.\n')
 
 
 @pytest.mark.parametrize('existing', ['empty folder', 'folder', 'file'])
@@ -420,6 +472,75 @@ def test_a_dry_run_into_an_existing_path_is_refused_and_leaves_it_as_it_was(trai
     else:
         assert {p.name: p.read_text() for p in target.iterdir()} == (
             {'config.json': '{"architecture": "mine"}'} if existing == 'folder' else {})
+
+
+@pytest.mark.parametrize('write', ['write_repo_folder', 'push_to_hub'])
+def test_the_python_api_refuses_a_repo_id_that_is_not_org_and_name_before_writing(logged_in, fresh_hub, train_run,
+                                                                                  tmp_path, write):
+    train = read_train_output(train_run)
+    with pytest.raises(HubError, match=r"^repo_id must be ORG/NAME: names of letters, .*, got 'a/b c'\.$"):
+        if write == 'write_repo_folder':
+            write_repo_folder(train, tmp_path / 'dry', 'a/b c')
+        else:
+            push_to_hub(train, 'a/b c')
+    assert not (tmp_path / 'dry').exists() and fresh_hub.requests == []
+
+
+def test_a_dry_run_under_a_file_says_it_cannot_write_there(train_run, tmp_path, capsys):
+    (tmp_path / 'last.pth.tar').write_bytes(b'weights')
+    target = tmp_path / 'last.pth.tar' / 'dry'
+    assert main(['push', str(train_run), '--repo-id', 'push/under-a-file', '--dry-run', str(target)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: cannot write {target}: [Errno 17] File exists: '{tmp_path}/last.pth.tar'. Choose a writable folder "
+        'with free space.\n')
+    assert [p.name for p in tmp_path.iterdir()] == ['last.pth.tar'] and target.parent.read_bytes() == b'weights'
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason='root writes into read-only folders')
+def test_a_dry_run_into_a_read_only_folder_says_it_cannot_write_there(train_run, tmp_path, capsys):
+    (tmp_path / 'read-only').mkdir(mode=0o555)
+    target = tmp_path / 'read-only' / 'dry'
+    try:
+        assert main(['push', str(train_run), '--repo-id', 'push/read-only', '--dry-run', str(target)]) == 1
+    finally:
+        target.parent.chmod(0o755)
+    message = capsys.readouterr().err
+    assert message.startswith(f'error: cannot write {target}: [Errno 13] Permission denied: ')
+    assert message.endswith('. Choose a writable folder with free space.\n') and not any(target.parent.iterdir())
+
+
+# What a write onto a full disk raises: safetensors' writer its own error, the others an OSError
+DISK_FULL = {'weights': SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)'),
+             'training curves': OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))}
+WRITERS = {'weights': (safetensors.torch, 'save_file'), 'training curves': (push, 'plot_training_curves')}
+
+
+def fill_the_disk(monkeypatch, writing: str) -> None:
+    """The disk fills up while ``writing`` is written."""
+    def full(*args, **kwargs):
+        raise DISK_FULL[writing]
+    monkeypatch.setattr(*WRITERS[writing], full)
+
+
+@pytest.mark.parametrize('writing', ['weights', 'training curves'])
+def test_a_dry_run_onto_a_full_disk_says_so_and_leaves_no_partial_folder(train_run, tmp_path, monkeypatch, capsys,
+                                                                         writing):
+    fill_the_disk(monkeypatch, writing)
+    target = tmp_path / 'dry'
+    assert main(['push', str(train_run), '--repo-id', 'push/full', '--dry-run', str(target)]) == 1
+    assert capsys.readouterr().err == (
+        f'error: cannot write {target}: {DISK_FULL[writing]}. Choose a writable folder with free space.\n')
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_push_onto_a_full_temporary_folder_says_to_free_space_or_set_tmpdir(logged_in, fresh_hub, train_run,
+                                                                              monkeypatch, capsys):
+    fill_the_disk(monkeypatch, 'training curves')
+    assert main(['push', str(train_run), '--repo-id', 'push/full-tmp']) == 1
+    assert re.fullmatch(r'error: cannot write \S+/repo: \[Errno 28\] No space left on device\. Free space in the '
+                        r'temporary folder, or set TMPDIR to a writable folder with free space\.\n',
+                        capsys.readouterr().err)
+    assert fresh_hub.requests == []
 
 
 def test_a_push_with_hf_hub_offline_says_to_unset_it(logged_in, fresh_hub, train_run, monkeypatch, capsys):
@@ -452,7 +573,9 @@ def test_model_arguments_the_model_does_not_take_push_names_them(logged_in, fres
     (run / 'args.yaml').write_text(yaml.safe_dump(dict(args, model_kwargs={'depht': 2})))
     message = failed_push(fresh_hub, logged_in, capsys, run)
     assert message.startswith(
-        f"error: vit_hyperbf_tiny cannot be built with {{'depht': 2, 'num_classes': 10, 'in_chans': 3}}, the model "
-        f"arguments of {run}/model_best.pth.tar and its run (")
+        f"error: vit_hyperbf_tiny cannot be built with {{'depht': 2, 'num_classes': 10, 'in_chans': 3}} (the model "
+        f"arguments of {run}/args.yaml): ")
     assert "'depht'" in message and message.endswith(
-        "). Fix model_kwargs in the run's args.yaml, or name the architecture with --model.\n")
+        f". Fix model_kwargs in {run}/args.yaml, or give the model arguments it was trained with (train.py's "
+        f'--model-kwargs, e.g. depth=2) with --model-kwargs; if it was not trained as vit_hyperbf_tiny '
+        f'({run}/args.yaml says so), name its architecture with --model.\n')

@@ -116,6 +116,17 @@ def test_wrong_architecture_is_named(train_run, kwargs, message):
         read_train_output(train_run, **kwargs).create_model()
 
 
+def test_weights_that_do_not_fit_say_where_the_model_arguments_come_from(train_run, tmp_path):
+    """Without args.yaml, the model arguments are those stored in the checkpoint: --model-kwargs replaces them."""
+    shutil.copy(train_run / 'last.pth.tar', tmp_path)
+    with pytest.raises(HubError) as e:
+        read_train_output(tmp_path / 'last.pth.tar', model_name='vit_hyperbf_small').create_model()
+    assert (f"built with {{'depth': 2, 'num_classes': 10, 'in_chans': 3}} (the model arguments of {tmp_path}/"
+            'last.pth.tar): 33 of another shape') in str(e.value)
+    assert str(e.value).endswith(". Give the model arguments it was trained with (train.py's --model-kwargs, e.g. "
+                                 'depth=2) with --model-kwargs; check --model too.')
+
+
 def test_plain_state_dict_has_no_ema(train_run, tmp_path):
     torch.save(load_checkpoint(train_run / 'last.pth.tar')['state_dict'], tmp_path / 'weights.pth')
     with pytest.raises(HubError, match='has no EMA weights: train.py saves them when it trains with --model-ema'):

@@ -371,13 +371,34 @@ class Payload:
 def test_a_pickle_with_code_is_refused_and_its_code_never_runs(shipped, tmp_path, monkeypatch):
     monkeypatch.setenv('PAYLOAD_MARK', str(tmp_path / 'payload-ran'))
     torch.save({'state_dict': weights(HYPERBF), 'extra': Payload()}, tmp_path / 'w.pth')
-    message = load_error(tmp_path / 'w.pth')
-    assert message.startswith(f'{tmp_path}/w.pth holds Python objects besides tensors (Weights only load failed.')
-    assert message.endswith('It is not unpickled any further, since that could run code: save the state dict alone '
-                            '(model.state_dict()) with torch.save or safetensors.torch.save_file.')
+    assert load_error(tmp_path / 'w.pth') == (
+        f'{tmp_path}/w.pth holds Python objects besides tensors (exec among them). It is not unpickled any further, '
+        'since that could run code: save the state dict alone (model.state_dict()) with torch.save or '
+        'safetensors.torch.save_file.')
     assert not (tmp_path / 'payload-ran').exists()
     pickle.loads(pickle.dumps(Payload()))  # the payload does run when unpickled unrestricted
     assert (tmp_path / 'payload-ran').exists()
+
+
+def test_a_whole_pickled_model_says_to_save_its_state_dict_and_never_to_unpickle_it(shipped, tmp_path):
+    """torch's own advice (weights_only=False, add_safe_globals) would run the file's code: it is not passed on."""
+    torch.save(timm.create_model(HYPERBF), tmp_path / 'model.pth')
+    assert load_error(tmp_path / 'model.pth') == (
+        f'{tmp_path}/model.pth holds Python objects besides tensors '
+        '(timm_hbf.models.vit_hyperbf.VisionTransformerHyperBF among them). It is not unpickled any further, since '
+        'that could run code: save the state dict alone (model.state_dict()) with torch.save or '
+        'safetensors.torch.save_file.')
+
+
+@pytest.mark.parametrize('name, data', [
+    ('weights.pth', b'\x80\x02' + bytes(range(1, 256))),  # a pickle's first bytes, then no pickle at all
+    ('legacy.pth', b'\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.' + bytes(range(1, 256))),  # legacy's magic number
+])
+def test_a_pickle_of_random_bytes_says_it_is_damaged_not_that_it_holds_objects(shipped, tmp_path, name, data):
+    (tmp_path / name).write_bytes(data)
+    assert load_error(tmp_path / name) == (  # torch's error, without its advice to load with weights_only=False
+        f'{tmp_path}/{name} is damaged: torch.load cannot read it (UnpicklingError: Unsupported operand 1). Save or '
+        'copy the weights again.')
 
 
 def test_a_checkpoint_of_the_other_family_says_what_differs_and_what_it_was_saved_from(shipped, tmp_path):

@@ -1,4 +1,5 @@
 """Errors of Hub transfers that say what happened and what to do."""
+import socket
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -17,6 +18,9 @@ from huggingface_hub.errors import (
 __all__ = ['HubError', 'hub_errors']
 
 LOGIN = 'log in with `hf auth login` or set HF_TOKEN'
+# The errors of a connection that could not be opened, by class name: those of httpx (huggingface_hub >= 1) and of
+# urllib3, which requests (older huggingface_hub) raises its ConnectionError from
+CONNECT_ERRORS = ('ConnectError', 'ConnectTimeout', 'ConnectTimeoutError', 'NewConnectionError', 'NameResolutionError')
 
 
 class HubError(RuntimeError):
@@ -93,6 +97,21 @@ def _explain(err: BaseException, repo_id: str, revision: Optional[str]) -> str:
         if status is not None and status >= 500:
             return f'{endpoint} answered HTTP {status}, an error on the server side. Try again later.'
         return f'{endpoint} answered HTTP {status}: {err}'
+    if _not_connected(err):
+        return (f'cannot reach {endpoint} ({err}). Check the network connection, the proxy settings and '
+                'HF_ENDPOINT.')
     # The rest comes from the transfer itself: a connection dropped for good, a body cut short, a disk error.
     # The client keeps no partial file, so running again starts clean.
     return f'the transfer broke off ({type(err).__name__}: {err}). Check the network connection and run again.'
+
+
+def _not_connected(err: BaseException) -> bool:
+    """Whether ``err`` is or comes from a failure to open a connection (the host name did not resolve, the connection
+    was refused or timed out), before anything was sent: not a connection that broke off."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (ConnectionRefusedError, socket.gaierror)) or type(err).__name__ in CONNECT_ERRORS:
+            return True
+        err = err.__cause__ or err.__context__
+    return False

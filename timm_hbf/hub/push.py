@@ -8,6 +8,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from huggingface_hub import CommitInfo, HfApi, constants
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+from safetensors import SafetensorError
 from timm.data import resolve_data_config
 from timm.models import save_for_hf
 
@@ -22,6 +25,10 @@ __all__ = ['FLOAT32_PARAM_NAMES', 'push_to_hub', 'to_storage_dtype', 'write_repo
 # distances), rounding log_gamma to bf16 moves gamma by up to about 1 %, and they are few (9,252 in a tiny model).
 # What each choice does to a trained model's test predictions: docs/hyperbf.md.
 FLOAT32_PARAM_NAMES = ('log_gamma',)
+REPO_ID_FORM = ("ORG/NAME: names of letters, digits, '-', '_' and '.', neither starting nor ending with '-' or '.', "
+                "without '--' or '..', at most 96 characters each, NAME not ending in '.git'")
+WRITABLE = 'Choose a writable folder with free space.'
+WRITABLE_TMP = 'Free space in the temporary folder, or set TMPDIR to a writable folder with free space.'
 
 
 def to_storage_dtype(model: torch.nn.Module, dtype: torch.dtype,
@@ -55,7 +62,7 @@ def write_repo_folder(
     Args:
         train: The checkpoint and its training run.
         folder: A folder that does not exist yet.
-        repo_id: The repo the files are for (named in the model card).
+        repo_id: The repo the files are for, ``ORG/NAME`` (named in the model card).
         label_names: Class names, in classifier order.
         pytorch_bin: Also write the weights as a (pickled) ``pytorch_model.bin``, for tools without safetensors.
         dtype: Write the floating-point weights in this dtype (default: as in the checkpoint), but for the kernel
@@ -65,6 +72,27 @@ def write_repo_folder(
     folder = Path(folder)
     if folder.exists():
         raise HubError(f'{folder} already exists: name a new folder.')
+    _check_repo_id(repo_id)
+    return _write_repo_folder(train, folder, repo_id, label_names, pytorch_bin, dtype, WRITABLE)
+
+
+def is_repo_id(value: str) -> bool:
+    """Whether ``value`` is a Hub model repo id of the form ``ORG/NAME`` (see ``REPO_ID_FORM``)."""
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return value.count('/') == 1
+
+
+def _check_repo_id(repo_id: str) -> None:
+    if not is_repo_id(repo_id):
+        raise HubError(f'repo_id must be {REPO_ID_FORM}, got {repo_id!r}.')
+
+
+def _write_repo_folder(train: TrainOutput, folder: Path, repo_id: str, label_names: Optional[Sequence[str]],
+                       pytorch_bin: bool, dtype: Optional[torch.dtype], fix: str) -> Path:
+    """:func:`write_repo_folder` of checked arguments; where ``folder`` cannot be written, the error says ``fix``."""
     model = train.create_model()
     if dtype is not None:
         to_storage_dtype(model, dtype)
@@ -77,8 +105,11 @@ def write_repo_folder(
     model.pretrained_cfg.update(resolve_data_config(train.args, model=model))
     for key in ('tag', 'label_names', 'label_descriptions'):
         model.pretrained_cfg.pop(key, None)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f'.{folder.name}.', dir=folder.parent))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f'.{folder.name}.', dir=folder.parent))
+    except OSError as e:  # a parent is a file, the place is read-only
+        raise _cannot_write(folder, e, fix) from e
     try:
         save_for_hf(
             model,
@@ -93,10 +124,16 @@ def write_repo_folder(
                                  epoch=train.epoch)
         (partial / 'README.md').write_text(model_card(repo_id, model, train, label_names), encoding='utf-8')
         partial.rename(folder)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(partial)
+        if isinstance(e, (OSError, SafetensorError)):  # a full disk (safetensors reports it as its own error)
+            raise _cannot_write(folder, e, fix) from e
         raise
     return folder
+
+
+def _cannot_write(folder: Path, err: Exception, fix: str) -> HubError:
+    return HubError(f'cannot write {folder}: {err}. {fix}')
 
 
 def _input_of(model: torch.nn.Module) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -155,6 +192,7 @@ def push_to_hub(
         pytorch_bin: Also push the weights as a (pickled) ``pytorch_model.bin``.
         dtype: Push the floating-point weights in this dtype (default: as in the checkpoint).
     """
+    _check_repo_id(repo_id)
     if constants.HF_HUB_OFFLINE:
         raise HubError(f'Pushing to {repo_id} needs the network, but HF_HUB_OFFLINE=1 is set: unset HF_HUB_OFFLINE '
                        'to push (timm-hbf push --dry-run writes the files without pushing).')
@@ -162,7 +200,7 @@ def push_to_hub(
     epoch = f', epoch {train.epoch}' if train.epoch is not None else ''
     message = f'Add {train.arch} weights ({train.checkpoint.name}{epoch})'
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin, dtype)
+        folder = _write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin, dtype, WRITABLE_TMP)
         with hub_errors('Pushing to', repo_id, revision):
             repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
             if revision is not None:

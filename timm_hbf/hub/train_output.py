@@ -4,7 +4,7 @@ import argparse
 import csv
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import timm
 import torch
@@ -32,6 +32,9 @@ class TrainOutput:
         epoch: The epoch the checkpoint was saved at, if it says.
         args: train.py's arguments (``args.yaml``, else those stored in the checkpoint), empty if unknown.
         summary: ``summary.csv``, one dict per epoch with numbers for values, empty if absent.
+        arch_source: Where ``arch`` comes from, for messages: ``'--model'`` (the caller), or the file that names it.
+        model_kwargs_source: Where ``model_kwargs`` come from, besides the classes and input channels of the weights:
+            ``'--model-kwargs'`` (the caller), the file that records them, or None where nothing does.
     """
     checkpoint: Path
     arch: str
@@ -41,24 +44,44 @@ class TrainOutput:
     epoch: Optional[int]
     args: Dict[str, Any]
     summary: List[Dict[str, float]]
+    arch_source: Optional[str] = None
+    model_kwargs_source: Optional[str] = None
 
     def create_model(self) -> torch.nn.Module:
         """The model with the checkpoint's weights, in eval mode."""
         try:
             model = timm.create_model(self.arch, **self.model_kwargs)
         except (TypeError, ValueError) as e:  # an argument the model does not take, or a value it refuses
-            raise HubError(
-                f'{self.arch} cannot be built with {self.model_kwargs}, the model arguments of {self.checkpoint} and '
-                f"its run ({e}). Fix model_kwargs in the run's args.yaml, or name the architecture with --model."
-            ) from e
+            raise HubError(f'{self.arch} cannot be built with {self.model_kwargs} ({self._kwargs_origin()}): {e}. '
+                           f'{self._fix()}.') from e
         mismatch = state_dict_mismatch(model.state_dict(), self.state_dict)
         if mismatch:
-            raise HubError(
-                f'{self.checkpoint} does not fit {self.arch} built with {self.model_kwargs}: {mismatch}. '
-                'Name the architecture it was trained as with --model.'
-            )
+            raise HubError(f'{self.checkpoint} does not fit {self.arch} built with {self.model_kwargs} '
+                           f'({self._kwargs_origin()}): {mismatch}. {self._fix()}.')
         model.load_state_dict(self.state_dict)
         return model.eval()
+
+    def _kwargs_origin(self) -> str:
+        """Where :attr:`model_kwargs` come from, besides the classes and channels of the weights."""
+        if self.model_kwargs_source is None:
+            return 'no model arguments: neither the checkpoint nor an args.yaml beside it records them'
+        if self.model_kwargs_source == '--model-kwargs':
+            return 'the model arguments given with --model-kwargs'
+        return f'the model arguments of {self.model_kwargs_source}'
+
+    def _fix(self) -> str:
+        """The options to give or correct, where the model cannot be built or its weights do not fit."""
+        trained = "the model arguments it was trained with (train.py's --model-kwargs, e.g. depth=2)"
+        if self.model_kwargs_source == '--model-kwargs':
+            fix = "Fix --model-kwargs: they must be the model arguments it was trained with (train.py's)"
+        elif self.model_kwargs_source is not None and Path(self.model_kwargs_source).name == 'args.yaml':
+            fix = f'Fix model_kwargs in {self.model_kwargs_source}, or give {trained} with --model-kwargs'
+        else:  # none, or those stored in the checkpoint
+            fix = f'Give {trained} with --model-kwargs'
+        if self.arch_source == '--model':
+            return f'{fix}; check --model too'
+        return (f'{fix}; if it was not trained as {self.arch} ({self.arch_source} says so), name its architecture '
+                'with --model')
 
 
 def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, ema: bool = False,
@@ -83,7 +106,8 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
         raise HubError(str(e)) from e
     is_train_checkpoint = isinstance(content.get('state_dict'), dict)
 
-    args = _read_args(checkpoint.parent / 'args.yaml', content.get('args'))
+    args, args_file = _read_args(checkpoint.parent / 'args.yaml', content.get('args'))
+    args_source = str(args_file or checkpoint) if args else None
     arch = model_name or args.get('model') or content.get('arch')
     if not arch or not timm.is_model(arch):
         named = f"names '{arch}', which timm does not know" if arch else 'does not name its architecture'
@@ -101,6 +125,8 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
         epoch=content.get('epoch') if is_train_checkpoint else None,
         args=args,
         summary=_read_run_summary(checkpoint.parent / 'summary.csv'),
+        arch_source='--model' if model_name else args_source if args.get('model') else str(checkpoint),
+        model_kwargs_source='--model-kwargs' if model_kwargs is not None else args_source,
     )
 
 
@@ -118,8 +144,9 @@ def _unusable(path: Path, problem: str, without: str) -> HubError:
     return HubError(f'{path} {problem}. Repair or remove it: without it, {without}.')
 
 
-def _read_args(path: Path, stored: Optional[argparse.Namespace]) -> Dict[str, Any]:
-    """``args.yaml``, else (missing or empty) the arguments stored in the checkpoint, else none."""
+def _read_args(path: Path, stored: Optional[argparse.Namespace]) -> Tuple[Dict[str, Any], Optional[Path]]:
+    """``args.yaml`` (``path``), else (missing or empty) the arguments stored in the checkpoint, else none; and
+    ``path`` if they are those of ``args.yaml``."""
     without = 'the arguments stored in the checkpoint are used'
     try:
         args = yaml.safe_load(path.read_text()) if path.exists() else None
@@ -128,10 +155,10 @@ def _read_args(path: Path, stored: Optional[argparse.Namespace]) -> Dict[str, An
     except yaml.YAMLError as e:
         raise _unusable(path, f'is not valid YAML ({e})', without) from e
     if args is None:
-        return dict(vars(stored)) if stored is not None else {}
+        return dict(vars(stored)) if stored is not None else {}, None
     if not isinstance(args, dict):
         raise _unusable(path, f"holds a {type(args).__name__}, not train.py's arguments (names to values)", without)
-    return args
+    return args, path
 
 
 def read_summary(path: Union[str, Path]) -> List[Dict[str, float]]:

@@ -10,6 +10,7 @@ import argparse
 import inspect
 import json
 import pickle
+import re
 import threading
 import zipfile
 from pathlib import Path
@@ -378,12 +379,29 @@ def _read_torch(path: Path, head: bytes) -> Any:
         try:
             return torch.load(path, map_location='cpu', weights_only=True)
         except pickle.UnpicklingError as e:
+            refused = _REFUSED_GLOBAL.search(str(e))
+            if refused is None:  # no class or function but an instruction the unpickler does not know: random bytes
+                raise _damaged(path, 'torch.load cannot read it', _unpickler_error(e)) from e
             raise WeightsFileError(
-                path, f'holds Python objects besides tensors ({e})',
+                path, f'holds Python objects besides tensors ({refused[1]} among them)',
                 'It is not unpickled any further, since that could run code: save the state dict alone '
                 '(model.state_dict()) with torch.save or safetensors.torch.save_file.') from e
         except Exception as e:  # the reader's errors of a damaged archive or pickle (legacy format: truncation too)
             raise _damaged(path, 'torch.load cannot read it', e) from e
+
+
+# What torch's weights-only unpickler says of a class or function it refuses: one not allowed, or of a blocked module
+_REFUSED_GLOBAL = re.compile(r'GLOBAL (\S+) (?:was not an allowed global|whose module \S+ is blocked)')
+
+
+def _unpickler_error(err: pickle.UnpicklingError) -> pickle.UnpicklingError:
+    """The error of torch's weights-only unpickler that ``torch.load`` raised ``err`` for, without the advice
+    ``torch.load`` wraps it in (among it, to load the file with ``weights_only=False``, which could run its code)."""
+    inner = err.__context__  # torch.load raises its own error `from None` in the handler of the unpickler's
+    if isinstance(inner, pickle.UnpicklingError) and 'weights_only' not in str(inner):
+        return inner
+    last = str(err).split('Check the documentation')[0].strip().split('\n\n')[-1]  # torch's layout: advice, error
+    return pickle.UnpicklingError(last if 'weights_only' not in last else 'not a pickle of tensors')
 
 
 def weights_of(checkpoint: Any, path: Union[str, Path], keys: Iterable[str] = WEIGHTS_KEYS) -> Dict[str, torch.Tensor]:
