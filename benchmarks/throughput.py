@@ -62,7 +62,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import timm_hbf
 from timm_hbf.layers import DepthAttention
-from timm_hbf.models import VisionTransformerQimia
+from timm_hbf.models import PretrainedWeightsError, VisionTransformerQimia
 
 MMAP_THRESHOLD = 128 * 1024  # bytes: see the module docstring
 READ_PASSES = {False: 1, True: 4}  # times inference and a training step move the reads' entries
@@ -291,8 +291,11 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
                   LAYER_BASELINE: dict(layer, cls='timm.layers.Attention', input_size=[tokens, layer['dim']])})
                 for tokens in args.attention]
     found = []
+    model_kwargs = ' '.join(f'{k}={v}' for k, v in args.model_kwargs.items())
     for name in args.models:
-        meta = timm.create_model(name, device='meta', **args.model_kwargs)
+        meta = meta_model(name, args.model_kwargs, '--model-kwargs', model_kwargs)
+        for variant, kwargs in args.variants.items():
+            meta_model(name, dict(args.model_kwargs, **kwargs), '--variants', variant)
         dims = dimensions(meta)
         input_size = [dims['in_chans'], *meta.patch_embed.img_size]  # as built, not as its cfg
         specs = {name: dict(args.model_kwargs, model_name=name)}
@@ -303,6 +306,17 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
         found.append((f'{input_size[-1]}/{meta.patch_embed.patch_size[0]}', batch_size,
                       {label: dict(spec, input_size=input_size) for label, spec in specs.items()}))
     return found
+
+
+def meta_model(name: str, kwargs: dict, option: str, given: str) -> torch.nn.Module:
+    """The model built on the meta device (no memory, no time), so that a name, tag or argument it does not take
+    exits naming the argument (``option given``) before anything is measured."""
+    try:
+        return timm.create_model(name, device='meta', **kwargs)
+    except PretrainedWeightsError as e:  # a tag it does not have
+        raise SystemExit(f'--models {name}: {e}') from e
+    except (TypeError, ValueError) as e:  # an argument it does not take, or a value it refuses
+        raise SystemExit(f'{option} {given}: {name} does not take it ({e})') from e
 
 
 def fresh_process_steps(
@@ -429,11 +443,35 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--train', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if any('=' not in kv for variant in args.variants for kv in variant.split(',')):
+    unknown = [name for name in args.models if not timm.is_model(name)]
+    if unknown and not args.attention:
+        parser.error(f"--models {unknown[0]}: timm knows no such model (see timm.list_models(module=['vit_hyperbf', "
+                     "'vit_qimia']) for ours)")
+    if any(not kv.partition('=')[0] or '=' not in kv for variant in args.variants for kv in variant.split(',')):
         parser.error(f'--variants takes KEY=VALUE[,KEY=VALUE] items, got {" ".join(args.variants)}')
+    if args.json:
+        check_json(parser, args.json)
     args.variants = {variant: {k: literal(v) for k, v in (kv.split('=', 1) for kv in variant.split(','))}
                      for variant in args.variants}
     return args
+
+
+def check_json(parser: argparse.ArgumentParser, path: str) -> None:
+    """``parser.error`` unless ``--json`` and the table beside it (``.md``) can be written: checked before the first
+    case is measured, which would otherwise be lost."""
+    table = os.path.splitext(path)[0] + '.md'
+    if table == path:
+        parser.error(f'--json {path}: the table goes beside it as {table}, and would overwrite it: name a .json file')
+    for written in (path, table):
+        if os.path.isdir(written):
+            parser.error(f'--json {path}: {written} is a folder: name a file')
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        parser.error(f'--json {path}: {existing} is a file, not a folder')
+    if not os.access(existing, os.W_OK | os.X_OK):
+        parser.error(f'--json {path}: {existing} is not writable')
 
 
 def literal(value: str):
@@ -454,12 +492,13 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     if args.measure_memory:
         print(*measure_memory_here(json.loads(args.measure_memory), args.batch_size, args.train, args))
         return []
+    found = cases(args)  # every model built (on the meta device) before any is measured
     env = environment(args)
     env['copy_bandwidth_gbs'] = copy_bandwidth(args.device) / 1e9
     title = f"{env['device']}, {env['threads']} threads, copy bandwidth {env['copy_bandwidth_gbs']:.1f} GB/s, " \
             f"torch {env['torch']}, timm {env['timm']}, {env['date']}{', bf16 autocast' if args.amp else ''}"
     rows = []
-    for case in cases(args):  # the files are rewritten after every case: a run stopped early keeps what it measured
+    for case in found:  # the files are rewritten after every case: a run stopped early keeps what it measured
         rows += measure(*case, args, env['copy_bandwidth_gbs'] * 1e9)
         if args.json:
             write_results(args.json, env, title, rows, args)

@@ -14,7 +14,6 @@ its default tag (its most accurate weights; the others load by their full name, 
 import argparse
 import json
 import re
-import tarfile
 import tempfile
 import textwrap
 import time
@@ -24,10 +23,11 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import timm
 import torch
+from script_checks import check_data, check_models, check_output, extract_archive
 from timm.data import ImageDataset, create_transform, resolve_data_config
 from timm.models import get_pretrained_cfg
 
-import timm_hbf  # noqa: F401  (registers the models)
+from timm_hbf.models import PretrainedWeightsError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -45,10 +45,9 @@ def shipped_models() -> List[str]:
 def test_folder(data: Path, stack: ExitStack) -> Path:
     """The ``test/`` folder in ``data`` or in a folder of it; an archive is extracted into a temporary folder first."""
     given = data
-    if data.is_file() and tarfile.is_tarfile(data):
+    if data.is_file():
         root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        with tarfile.open(data) as tar:
-            tar.extractall(root, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+        extract_archive(data, root)
         data = root
     for root in [data, *sorted(data.iterdir())] if data.is_dir() else []:
         if (root / 'test').is_dir():
@@ -164,6 +163,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     names = args.models or shipped_models()
     if not names:
         raise SystemExit('No model given and none of timm-hbf ships weights: name one with --models.')
+    check_models(parser, '--models', names, weights=True)
+    check_data(parser, str(args.data))
+    check_output(parser, '--out', args.out, folder=True)  # created once every model has been evaluated
 
     results = []
     with ExitStack() as stack:
@@ -172,7 +174,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
         classes = sorted(classes, key=classes.get)
         for name in names:
             start = time.perf_counter()
-            model = timm.create_model(name, pretrained=True).eval()
+            try:
+                model = timm.create_model(name, pretrained=True).eval()
+            except PretrainedWeightsError as e:
+                raise SystemExit(f'--models {name}: {e}') from e
             check_classes(name, model, classes)
             out = predict(model, folder)
             correct = out['predictions'] == out['labels']

@@ -10,8 +10,9 @@ each sublayer wrote); each cell is the attention weight averaged over test image
 models read uniformly (every row is 1 / entries seen, a residual stream's average). The entropy metric of the SURF
 report (1: uniform, 0: a single entry) is printed per read. The numbers behind the heatmap go to a JSON file beside
 it (``--out`` with ``.json``: the matrix, ``null`` where a read does not see an entry, the entropies and query norms,
-row and column names). ``--data`` takes CIFAR-10 as for ``train_cifar10.py`` (default: the repository's sample).
-Needs matplotlib.
+row and column names). ``--out`` takes any format matplotlib writes (``.png``, ``.pdf``, ``.svg``, ...); a name
+without a suffix gets ``.png``. ``--data`` takes CIFAR-10 as for ``train_cifar10.py`` (default: the repository's
+sample). Needs matplotlib.
 """
 import argparse
 import json
@@ -19,9 +20,29 @@ import math
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from train_cifar10 import add_model_arguments, model_and_test_images
+from script_checks import check_output
+from train_cifar10 import add_model_arguments, check_model_arguments, model_and_test_images
 
 from timm_hbf.models.vit_qimia import VisionTransformerQimia, depth_attention_stats
+
+
+def picture_path(parser: argparse.ArgumentParser, out: str) -> Path:
+    """``--out`` as the picture's path: ``.png`` added where it has no suffix, else ``parser.error`` unless matplotlib
+    writes its format and it and the numbers beside it (``.json``) can be written."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        parser.error('the heatmap needs matplotlib: pip install matplotlib')
+    path = Path(out)
+    if not path.suffix:
+        path = path.with_suffix('.png')
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        parser.error(f"--out {out}: matplotlib writes no {path.suffix} picture (it writes .{', .'.join(formats)}); "
+                     'the numbers go beside the picture as .json.')
+    for written in (path, path.with_suffix('.json')):
+        check_output(parser, '--out', written)
+    return path
 
 
 def draw(stats: Dict, path: Path, title: str) -> None:
@@ -58,8 +79,12 @@ def write_json(stats: Dict, path: Path, **about) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser, model='vit_qimia_tiny', images=256)
-    parser.add_argument('--out', default='depth_attention.png')
+    parser.add_argument('--out', default='depth_attention.png',
+                        help='the picture, in any format matplotlib writes (no suffix: .png), and its numbers beside '
+                             'it as .json (default: %(default)s)')
     args = parser.parse_args(argv)
+    check_model_arguments(parser, args)
+    out = picture_path(parser, args.out)
 
     model, batch = model_and_test_images(args)
     if not isinstance(model, VisionTransformerQimia):
@@ -69,7 +94,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         print(f'{reader:>8}: entropy {entropy:.3f}, query norm {norm:.3f}')
     print(f"mean entropy {stats['entropy'].mean().item():.3f} over {len(stats['readers'])} reads")
     name = Path(args.checkpoint).name or (model.pretrained_cfg['tag'] if args.pretrained else 'untrained')
-    out = Path(args.out)
     draw(stats, out, f'{args.model} ({name}): mean depth attention on {len(batch)} test images')
     write_json(stats, out.with_suffix('.json'), model=args.model, weights=name, images=len(batch))
     print(f'heatmap written to {out}, its numbers to {out.with_suffix(".json")}')

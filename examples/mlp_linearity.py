@@ -19,7 +19,7 @@ import argparse
 from typing import Dict, Optional, Sequence
 
 import torch
-from train_cifar10 import add_model_arguments, model_and_test_images
+from train_cifar10 import add_model_arguments, check_model_arguments, model_and_test_images
 
 from timm_hbf.layers import HyperBFAttention, HyperBFMlp
 from timm_hbf.models import VisionTransformerQimia
@@ -73,6 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, list]:
     parser.add_argument('--mean', type=float, nargs=3, default=None, help="input mean (default: the model's)")
     parser.add_argument('--std', type=float, nargs=3, default=None, help="input std (default: the model's)")
     args = parser.parse_args(argv)
+    check_model_arguments(parser, args)
 
     model, images = model_and_test_images(args)
     if isinstance(model, VisionTransformerQimia) or not hasattr(model, 'blocks') \

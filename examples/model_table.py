@@ -34,7 +34,6 @@ import argparse
 import pkgutil
 import platform
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Dict, List, Optional, Sequence
 
 import timm
 import torch
+from script_checks import check_counts, check_data, check_models, extract_archive
 from timm.data import create_dataset, create_transform, resolve_data_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader, Dataset, Subset
@@ -66,22 +66,20 @@ def count_gmacs(model: torch.nn.Module, input_size: Sequence[int], device: torch
     return counter.get_total_flops() / 2 / 1e9
 
 
-def find_split(root: Path, split: str) -> Path:
-    """``root/split`` or ``root/<one folder>/split`` (archives with a top-level folder)."""
+def find_split(root: Path, split: str, given: Optional[Path] = None) -> Path:
+    """``root/split`` or ``root/<one folder>/split`` (archives with a top-level folder); ``given`` is the ``--data``
+    that ``root`` holds (an archive extracted there), named if the split is missing."""
     for path in [root / split, *sorted(root.glob(f'*/{split}'))]:
         if path.is_dir():
             return path
-    raise FileNotFoundError(f"--data {root}: no {split}/ folder in it or in a folder of it. Give a CIFAR-10 folder or "
-                            f".tar.gz archive in the ImageFolder layout ({split}/<class>/*.jpg), or --split.")
+    raise SystemExit(f"--data {given or root}: no {split}/ folder in it or in a folder of it. Give a CIFAR-10 folder "
+                     f"or .tar.gz archive in the ImageFolder layout ({split}/<class>/*.jpg), or --split.")
 
 
 def extract(archive: Path, split: str, dest: str) -> Path:
     """Extract the members of ``split`` from a .tar.gz into ``dest`` and return the split folder."""
-    kwargs = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if split in Path(m.name).parts[:2]]
-        tar.extractall(dest, members=members, **kwargs)
-    return find_split(Path(dest), split)
+    extract_archive(archive, Path(dest), keep=lambda member: split in Path(member.name).parts[:2])
+    return find_split(Path(dest), split, given=archive)
 
 
 def sync(device: torch.device) -> None:
@@ -136,6 +134,15 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
 
 
+def check_device(parser: argparse.ArgumentParser, device: str) -> torch.device:
+    """``--device`` as a torch device, where torch has it here; else ``parser.error``."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:  # an unknown type, or one this machine or build lacks
+        parser.error(f'--device {device}: {str(e).splitlines()[0]}')
+    return torch.device(device)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--data', default=str(SAMPLE),
@@ -151,10 +158,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
     parser.add_argument('--markdown-only', action='store_true',
                         help='print only the name, params, GMACs and input size table (no data, no timing)')
     args = parser.parse_args(argv)
+    names = args.models or model_names()
+    check_models(parser, '--models', names)
+    check_counts(parser, args, batch_size=1, limit=1, limit_224=0, threads=1)
+    device = check_device(parser, args.device)
+    data = None if args.markdown_only else check_data(parser, args.data).resolve()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    names = args.models or model_names()
     start = time.perf_counter()
 
     if args.markdown_only:
@@ -166,7 +176,6 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict]:
             print(f"| `{r['model']}` | {r['params']:.2f} | {r['gmacs']:.2f} | {r['input']} |")
         return rows
 
-    data = Path(args.data).expanduser().resolve()
     with tempfile.TemporaryDirectory() as tmp:
         root = extract(data, args.split, tmp) if data.is_file() else find_split(data, args.split)
         dataset = create_dataset('', root=str(root))

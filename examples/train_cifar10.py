@@ -24,7 +24,6 @@ import itertools
 import os
 import platform
 import shutil
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +31,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import timm
 import torch
+from script_checks import OUR_MODULES, check_counts, check_data, check_models, check_output, extract_archive
 from timm.data import create_dataset, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy
+from timm.models import split_model_name_tag
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import CheckpointSaver, ModelEmaV3, ParseKwargs, random_seed
@@ -41,11 +42,10 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 import timm_hbf
+from timm_hbf.models import PretrainedWeightsError
 
 SAMPLE = Path(__file__).resolve().parents[1] / 'data' / 'cifar10-mini-jpeg.tar.gz'  # the repository's sample
 DEFAULT_CACHE = Path(os.environ.get('XDG_CACHE_HOME', Path.home() / '.cache')) / 'timm_hbf'
-
-
 def image_folder(data: Path, cache: Path) -> Path:
     """The folder holding ``train/`` and ``test/``: ``data`` itself, or the archive ``data`` extracted into ``cache``
     (once: later runs find it there)."""
@@ -55,20 +55,21 @@ def image_folder(data: Path, cache: Path) -> Path:
             cache.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=cache))
             try:
-                with tarfile.open(data) as tar:
-                    tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+                extract_archive(data, tmp)
                 tmp.rename(target)
             except OSError:
                 if not target.is_dir():  # else another run extracted it meanwhile
                     raise
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-        data = target
+        given, data = data, target
+    else:
+        given = data
     for root in [data, *sorted(data.iterdir())] if data.is_dir() else []:
         if (root / 'train').is_dir() and (root / 'test').is_dir():
             return root
-    raise FileNotFoundError(f"--data {data}: no train/ and test/ folders (ImageFolder layout, one folder per class) "
-                            'in it or in a folder of it. Give a CIFAR-10 folder or .tar.gz archive of that layout.')
+    raise SystemExit(f"--data {given}: no train/ and test/ folders (ImageFolder layout, one folder per class) in it "
+                     'or in a folder of it. Give a CIFAR-10 folder or .tar.gz archive of that layout.')
 
 
 def evenly_spaced(size: int, count: int) -> List[int]:
@@ -91,12 +92,43 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: str, images: int
     parser.add_argument('--images', type=int, default=images, help='test images to look at (at most all of them)')
 
 
+def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` for a bad argument of :func:`add_model_arguments`: checked before anything is computed."""
+    check_models(parser, '--model', [args.model], weights=args.pretrained)
+    check_counts(parser, args, images=1)
+    if args.checkpoint and not Path(args.checkpoint).expanduser().is_file():
+        parser.error(f'--checkpoint {args.checkpoint}: no such file (a checkpoint of train.py or train_cifar10.py)')
+    check_data(parser, args.data)
+
+
+def create_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The model of :func:`add_model_arguments`'s arguments. A checkpoint of one of our models loads through
+    timm-hbf's checked loading (``pretrained_cfg_overlay=dict(file=...)``: its EMA weights, its number of classes),
+    any other through timm's ``checkpoint_path``; weights that cannot load exit with one line naming the file and
+    what is wrong."""
+    ours = split_model_name_tag(args.model)[0] in timm.list_models(module=OUR_MODULES)
+    try:
+        if args.checkpoint and ours:
+            return timm.create_model(args.model, pretrained=True, pretrained_cfg_overlay=dict(file=args.checkpoint),
+                                     **args.model_kwargs)
+        return timm.create_model(args.model, pretrained=args.pretrained, checkpoint_path=args.checkpoint,
+                                 **args.model_kwargs)
+    except PretrainedWeightsError as e:
+        raise SystemExit(str(e)) from e
+    except RuntimeError as e:  # torch's load_state_dict: a header, then a line per weight it could not load
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        if not args.checkpoint or not lines[0].startswith('Error(s) in loading state_dict'):
+            raise
+        first, more = (lines[1:] or lines)[0], f' (and {len(lines) - 2} more lines)' if len(lines) > 2 else ''
+        raise SystemExit(f'--checkpoint {args.checkpoint} does not fit {args.model} as built: {first}{more}. Give the '
+                         '--model and --model-kwargs it was trained with.') from e
+
+
 def model_and_test_images(args: argparse.Namespace) -> Tuple[torch.nn.Module, torch.Tensor]:
-    """The model of :func:`add_model_arguments`'s arguments, and ``args.images`` test images spread over the classes
-    through its eval transform (``args.img_size``, ``args.mean`` and ``args.std`` override its data config, where
-    given, as in timm's validate.py)."""
-    model = timm.create_model(args.model, pretrained=args.pretrained, checkpoint_path=args.checkpoint,
-                              **args.model_kwargs)
+    """The model of :func:`add_model_arguments`'s arguments (checked by :func:`check_model_arguments`), and
+    ``args.images`` test images spread over the classes through its eval transform (``args.img_size``, ``args.mean``
+    and ``args.std`` override its data config, where given, as in timm's validate.py)."""
+    model = create_model(args)
     config = resolve_data_config(vars(args), model=model)
     root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
     dataset = create_dataset('', root=str(root), split='test', transform=create_transform(**config))
@@ -107,7 +139,7 @@ def holdout_split(size: int, val_images: int) -> Tuple[List[int], List[int]]:
     """Train and validation indices of a train split of ``size`` images: ``val_images`` of them, evenly spaced,
     held out; the rest for training."""
     if val_images >= size:
-        raise ValueError(f'--val-images {val_images} leaves none of the {size} train images for training.')
+        raise SystemExit(f'--val-images {val_images} leaves none of the {size} train images for training: lower it.')
     val = evenly_spaced(size, val_images) if val_images > 0 else []
     held_out = set(val)
     return [i for i in range(size) if i not in held_out], val
@@ -154,6 +186,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--output', default='output/train_cifar10', help='checkpoint folder (default: %(default)s)')
     args = parser.parse_args(argv)
+    check_models(parser, '--model', [args.model])
+    check_counts(parser, args, epochs=1, train_images=1, test_images=1, val_images=0, batch_size=1, threads=1,
+                 workers=0)
+    if args.train_images < args.batch_size:  # the loader drops a last, smaller batch
+        parser.error(f'--train-images {args.train_images} gives no full batch of --batch-size {args.batch_size}: '
+                     'lower --batch-size or raise --train-images')
+    data = check_data(parser, args.data)
+    output = Path(args.output) / args.model
+    check_output(parser, '--output', output, folder=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     random_seed(args.seed)
@@ -162,7 +203,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     model = timm.create_model(args.model, num_classes=10, drop_path_rate=args.drop_path, **args.model_kwargs)
     # CIFAR-10 at its own 32 x 32; mean, std and interpolation from the model's pretrained_cfg
     data_config = resolve_data_config(dict(input_size=(3, 32, 32), crop_pct=1.0), model=model)
-    root = image_folder(Path(args.data).expanduser(), Path(args.cache_dir).expanduser())
+    root = image_folder(data, Path(args.cache_dir).expanduser())
     train_set = create_dataset('', root=str(root / 'train'), is_training=True)
     train_set.transform = create_transform(
         **data_config, is_training=True, scale=(args.crop_scale, 1.), hflip=0.5, color_jitter=0.)
@@ -177,6 +218,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         train_set = Subset(train_set, train_indices)
 
     steps = min(args.train_images, len(train_set)) // args.batch_size
+    if not steps:
+        left = ' (those --val-images leaves)' if val_indices else ''
+        raise SystemExit(f'--batch-size {args.batch_size} is more than the {len(train_set)} train images of --data '
+                         f'{args.data}{left}: lower --batch-size.')
     loader_kwargs = dict(num_workers=args.workers, persistent_workers=args.workers > 0)
     train_loader = DataLoader(train_set, args.batch_size, shuffle=True, drop_last=True, **loader_kwargs)
     test_loader = DataLoader(test_subset, 2 * args.batch_size, **loader_kwargs)
@@ -188,7 +233,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     )
     ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True)
     loss_fn = LabelSmoothingCrossEntropy(args.smoothing)
-    output = Path(args.output) / args.model
     output.mkdir(parents=True, exist_ok=True)
     saver = CheckpointSaver(model, optimizer, args=args, model_ema=ema, checkpoint_dir=str(output),
                             recovery_dir=str(output), max_history=1)

@@ -163,7 +163,48 @@ def test_cold_compile_gives_every_process_empty_compiler_caches_of_its_own(bench
     assert warm == os.environ.get('TORCHINDUCTOR_CACHE_DIR')  # the caches the timing in this process used
 
 
-def test_variants_must_be_key_value_pairs(bench, capsys):
+@pytest.mark.parametrize('variant', ['memory_block_size', '=1', 'depth=1,=2'])
+def test_variants_must_be_key_value_pairs(bench, capsys, variant):
     with pytest.raises(SystemExit):
-        bench.parse_args(['--variants', 'memory_block_size'])
-    assert '--variants takes KEY=VALUE[,KEY=VALUE] items' in capsys.readouterr().err
+        bench.parse_args(['--variants', variant])
+    assert f'--variants takes KEY=VALUE[,KEY=VALUE] items, got {variant}' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--models', 'nonexistent_model'], '--models nonexistent_model: timm knows no such model (see '
+                                        "timm.list_models(module=['vit_hyperbf', 'vit_qimia']) for ours)"),
+    (['--json', 'DIR'], '--json DIR: DIR is a folder: name a file'),
+    (['--json', 'DIR/../speed.md'], '--json DIR/../speed.md: the table goes beside it as DIR/../speed.md, and would '
+                                    'overwrite it: name a .json file'),
+    (['--json', 'FILE/speed.json'], '--json FILE/speed.json: FILE is a file, not a folder'),
+])
+def test_bad_arguments_exit_with_one_line(bench, capsys, tmp_path, argv, message):
+    """Checked as the arguments are read: a --json that cannot be written once failed after the first case had been
+    measured, losing it."""
+    (tmp_path / 'notes.txt').write_text('kept\n')
+
+    def paths(text: str) -> str:
+        return text.replace('DIR', str(tmp_path)).replace('FILE', str(tmp_path / 'notes.txt'))
+    with pytest.raises(SystemExit):
+        bench.parse_args([paths(arg) for arg in argv])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f'error: {paths(message)}')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['notes.txt']
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--variants', 'bogus=1'], "--variants bogus=1: vit_hyperbf_tiny does not take it (VisionTransformer.__init__() "
+                                "got an unexpected keyword argument 'bogus')"),
+    (['--variants', 'depth=1', 'mlp_normalized=True,bogus=1'],
+     '--variants mlp_normalized=True,bogus=1: vit_hyperbf_tiny does not take it ('),
+    (['--model-kwargs', 'bogus=1'], '--model-kwargs bogus=1: vit_hyperbf_tiny does not take it ('),
+    (['--models', 'vit_hyperbf_tiny.bogus'],
+     "--models vit_hyperbf_tiny.bogus: vit_hyperbf_tiny has no pretrained tag 'bogus'. Tags with weights: "),
+])
+def test_a_model_that_cannot_be_built_exits_with_one_line_before_anything_is_measured(bench, monkeypatch, argv,
+                                                                                      message):
+    """Every candidate and variant is built on the meta device first: an argument the model does not take once ended
+    in the constructor's TypeError, after the cases before it had been measured."""
+    monkeypatch.setattr(bench, 'copy_bandwidth', None)  # measuring would fail here
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(['--models', 'vit_hyperbf_tiny', *argv, *TINY])
+    assert str(exit_info.value.code).startswith(message) and '\n' not in str(exit_info.value.code)

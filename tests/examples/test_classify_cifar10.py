@@ -1,5 +1,7 @@
 """examples/classify_cifar10.py, the main job: real CIFAR-10 test images classified by pretrained models, accuracy
 per model and per class, and a picture."""
+import json
+import shutil
 from itertools import combinations
 from pathlib import Path
 
@@ -9,14 +11,14 @@ import torch
 import yaml
 from timm.data import ImageDataset, create_transform, resolve_data_config
 
-from tests.helpers import ROOT, load_module
 from timm_hbf.hub import read_train_output, write_repo_folder
 
 CLASSES = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck']
 
 
-def load_script():
-    return load_module(ROOT / 'examples' / 'classify_cifar10.py')
+@pytest.fixture(scope='module')
+def script(load_example):
+    return load_example('classify_cifar10.py')
 
 
 @pytest.fixture(scope='module')
@@ -40,9 +42,9 @@ def hub_folder(cifar10_sample, tmp_path_factory) -> Path:
                              dtype=torch.bfloat16)
 
 
-def test_the_sample_is_classified_per_model_and_per_class_with_a_picture(hub_folder, tmp_path, capsys):
+def test_the_sample_is_classified_per_model_and_per_class_with_a_picture(hub_folder, tmp_path, capsys, script):
     name = f'local-dir:{hub_folder}'
-    results = load_script().main(['--models', name, '--out', str(tmp_path)])
+    results = script.main(['--models', name, '--out', str(tmp_path)])
 
     (result,) = results
     assert result['images'] == 200 and list(result['per_class']) == CLASSES
@@ -54,8 +56,8 @@ def test_the_sample_is_classified_per_model_and_per_class_with_a_picture(hub_fol
     assert (tmp_path / 'results.json').is_file()
 
 
-def test_by_default_every_shipped_model_at_its_most_accurate_weights():
-    names = load_script().shipped_models()
+def test_by_default_every_shipped_model_at_its_most_accurate_weights(script):
+    names = script.shipped_models()
     architectures = timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True, include_tags=False)
     assert [name.split('.')[0] for name in names] == architectures and len(architectures) >= 5
     for name in names:
@@ -63,9 +65,10 @@ def test_by_default_every_shipped_model_at_its_most_accurate_weights():
         assert timm.create_model(architecture, pretrained=True).pretrained_cfg['tag'] == tag, name
 
 
-def test_an_extracted_folder_gives_the_counts_of_timms_own_loading_of_the_weights(hub_folder, cifar10_sample, tmp_path):
+def test_an_extracted_folder_gives_the_counts_of_timms_own_loading_of_the_weights(hub_folder, cifar10_sample, tmp_path,
+                                                                                    script):
     name = f'local-dir:{hub_folder}'
-    (result,) = load_script().main(['--models', name, '--data', str(cifar10_sample), '--out', str(tmp_path)])
+    (result,) = script.main(['--models', name, '--data', str(cifar10_sample), '--out', str(tmp_path)])
     model = timm.create_model(name, pretrained=True).eval()
     test = ImageDataset(str(cifar10_sample / 'test'), transform=create_transform(**resolve_data_config(model=model)))
     images, labels = zip(*test)
@@ -74,20 +77,20 @@ def test_an_extracted_folder_gives_the_counts_of_timms_own_loading_of_the_weight
     assert result['correct'] == correct
     (tmp_path / 'data').mkdir()
     (tmp_path / 'data' / 'cifar10').symlink_to(cifar10_sample)  # an archive's one top-level folder, extracted
-    (again,) = load_script().main(['--models', name, '--data', str(tmp_path / 'data'), '--out', str(tmp_path)])
+    (again,) = script.main(['--models', name, '--data', str(tmp_path / 'data'), '--out', str(tmp_path)])
     assert again['correct'] == correct
 
 
 @pytest.fixture(scope='module')
-def sample_predictions(cifar10_sample) -> dict:
+def sample_predictions(cifar10_sample, script) -> dict:
     """Labels, file names and predictions of the sample's test split, as ``predict`` gives them."""
     model = timm.create_model('vit_hyperbf_tiny', depth=1, num_classes=10).eval()
-    return load_script().predict(model, cifar10_sample / 'test')
+    return script.predict(model, cifar10_sample / 'test')
 
 
 @pytest.mark.parametrize('models', [5, 8])  # the default's number, and every weights file
 def test_the_picture_holds_every_text_of_any_number_of_models_apart_and_inside(cifar10_sample, sample_predictions,
-                                                                                 models):
+                                                                                 models, script):
     """Nothing drawn overlaps: every image's class and predictions, the list of the models, the confusion matrices'
     titles and labels, each whole inside the picture (eight shipped weights files once pushed predictions into the
     next row of images and titles off the edges)."""
@@ -98,7 +101,7 @@ def test_the_picture_holds_every_text_of_any_number_of_models_apart_and_inside(c
     results = [dict(out, model=f'vit_hyperbf_nrbf_tiny_patch16_224.cifar10_100ep_{k}', top1=100. * k / models,
                     predictions=torch.where(torch.rand(200) < .5, out['labels'], torch.randint(0, 10, (200,))))
                for k in range(models)]
-    fig = load_script().picture(results, cifar10_sample / 'test', CLASSES)
+    fig = script.picture(results, cifar10_sample / 'test', CLASSES)
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     texts = list(fig.texts)
@@ -114,19 +117,51 @@ def test_the_picture_holds_every_text_of_any_number_of_models_apart_and_inside(c
     assert not overlapping
 
 
-def test_data_without_a_test_split_is_named(tmp_path):
+def test_data_without_a_test_split_is_named(tmp_path, script):
     with pytest.raises(SystemExit, match=f'--data {tmp_path}: expected a CIFAR-10 folder or .tar.gz archive'):
-        load_script().main(['--models', 'vit_hyperbf_tiny', '--data', str(tmp_path), '--out', str(tmp_path)])
+        script.main(['--models', 'vit_hyperbf_tiny', '--data', str(tmp_path), '--out', str(tmp_path)])
 
 
-def test_a_model_of_other_classes_is_refused_before_anything_is_written(cifar10_sample, tmp_path, monkeypatch):
-    script = load_script()
+def test_a_model_of_other_classes_is_refused_before_anything_is_written(cifar10_sample, tmp_path, monkeypatch,
+                                                                        script):
     five = timm.create_model('vit_hyperbf_tiny', depth=1, num_classes=5)
     reordered = timm.create_model('vit_hyperbf_tiny', depth=1)
     reordered.pretrained_cfg = dict(reordered.pretrained_cfg, label_names=CLASSES[::-1])
-    for model, message in ((five, r"other predicts 5 classes, not the data's \['airplane', .*name a CIFAR-10"),
-                           (reordered, r"other predicts the classes \['truck', ")):
+    for model, message in ((five, r"vit_qimia_tiny predicts 5 classes, not the data's \['airplane', .*name a CIFAR-10"),
+                           (reordered, r"vit_qimia_tiny predicts the classes \['truck', ")):
         monkeypatch.setattr(timm, 'create_model', lambda name, pretrained, model=model: model)
         with pytest.raises(SystemExit, match=message):
-            script.main(['--models', 'other', '--data', str(cifar10_sample), '--out', str(tmp_path / 'out')])
+            script.main(['--models', 'vit_qimia_tiny', '--data', str(cifar10_sample), '--out', str(tmp_path / 'out')])
+    assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--models', 'vit_hyperbf_tiny', 'nonexistent_model'],
+     "--models nonexistent_model: timm knows no such model (see timm.list_models(module=['vit_hyperbf', 'vit_qimia'])"),
+    (['--models', 'vit_hyperbf_tiny.bogus'], "--models vit_hyperbf_tiny.bogus: vit_hyperbf_tiny has no tag 'bogus'"),
+    (['--models', 'vit_hyperbf_tiny.untrained'],
+     '--models vit_hyperbf_tiny.untrained: vit_hyperbf_tiny.untrained has no pretrained weights (tags with weights: '
+     'vit_hyperbf_tiny.cifar10_100ep, vit_hyperbf_tiny.cifar10_short)'),
+    (['--out', 'FILE'], '--out FILE: a file, not a folder'),
+    (['--out', 'FILE/results'], '--out FILE/results: FILE is a file, not a folder'),
+    (['--data', 'FILE'], '--data FILE: neither a folder nor a readable archive'),
+])
+def test_bad_arguments_exit_with_one_line_before_any_model_is_evaluated(argv, message, script, tmp_path, monkeypatch,
+                                                                        usage_error):
+    """An --out that cannot be written once was found only after every model had been evaluated."""
+    file = tmp_path / 'results.txt'
+    file.write_text('kept\n')
+    monkeypatch.setattr(timm, 'create_model', None)  # a model loaded would fail here
+    argv = [arg.replace('FILE', str(file)) for arg in ['--models', 'vit_hyperbf_tiny', *argv]]
+    assert f"error: {message.replace('FILE', str(file))}" in usage_error(lambda: script.main(argv))
+    assert file.read_text() == 'kept\n'
+
+
+def test_weights_that_do_not_fit_exit_with_one_line(script, hub_folder, tmp_path, usage_error):
+    """timm-hbf's checked loading names what does not fit: here a config that names another architecture."""
+    folder = shutil.copytree(hub_folder, tmp_path / 'hub')
+    config = json.loads((folder / 'config.json').read_text())
+    (folder / 'config.json').write_text(json.dumps(dict(config, architecture='vit_qimia_tiny')))
+    message = usage_error(lambda: script.main(['--models', f'local-dir:{folder}', '--out', str(tmp_path / 'out')]))
+    assert message.startswith(f'--models local-dir:{folder}: {folder} does not fit vit_qimia_tiny as built: ')
     assert not (tmp_path / 'out').exists()

@@ -58,3 +58,32 @@ def test_models_without_depth_attention_are_refused(heatmap_script, cifar10_samp
     with pytest.raises(SystemExit, match='no depth attention'):
         heatmap_script.main(['--model', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=1', '--data', str(cifar10_sample),
                              '--out', str(tmp_path / 'x.png')])
+
+
+def test_an_out_without_a_suffix_is_drawn_as_png(heatmap_script, cifar10_sample, tmp_path, capsys):
+    """matplotlib adds .png where a name has no suffix: the script names the file it wrote, and the numbers beside."""
+    heatmap_script.main(['--model', 'vit_qimia_tiny', '--model-kwargs', 'depth=1', '--data', str(cifar10_sample),
+                         '--images', '4', '--out', str(tmp_path / 'heatmap')])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['heatmap.json', 'heatmap.png']
+    assert f"heatmap written to {tmp_path / 'heatmap.png'}, its numbers to {tmp_path / 'heatmap.json'}" in \
+        capsys.readouterr().out
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--out', 'OUT/h.json'], '--out OUT/h.json: matplotlib writes no .json picture (it writes .eps, '),
+    (['--out', 'OUT/h.txt'], '--out OUT/h.txt: matplotlib writes no .txt picture'),
+    (['--out', 'OUT'], '--out OUT: a folder: name a file in it'),
+    (['--model', 'nonexistent_model'], '--model nonexistent_model: timm knows no such model'),
+    (['--model', 'vit_qimia_tiny.untrained', '--pretrained'],
+     '--model vit_qimia_tiny.untrained: vit_qimia_tiny.untrained has no pretrained weights (tags with weights: '),
+    (['--checkpoint', 'OUT/missing.pth.tar'], '--checkpoint OUT/missing.pth.tar: no such file'),
+    (['--images', '0'], '--images must be an integer >= 1, got 0'),
+])
+def test_bad_arguments_exit_with_one_line_before_anything_is_computed(argv, message, heatmap_script, tmp_path,
+                                                                      monkeypatch, usage_error):
+    out = tmp_path / 'pictures.png'  # a folder of that name: no picture can be written there
+    out.mkdir()
+    argv = [arg.replace('OUT', str(out)) for arg in ['--out', 'OUT/h.png', *argv]]
+    monkeypatch.setattr(heatmap_script, 'model_and_test_images', None)  # a computation would fail here
+    assert f"error: {message.replace('OUT', str(out))}" in usage_error(lambda: heatmap_script.main(argv))
+    assert list(out.iterdir()) == []

@@ -43,3 +43,14 @@ def test_timms_vit_and_a_model_without_mlps(linearity_script, cifar10_sample):
     for model in (['resnet18'], ['vit_qimia_tiny', '--model-kwargs', 'depth=1']):
         with pytest.raises(SystemExit, match=f'{model[0]} has no blocks whose MLP maps tokens to tokens'):
             linearity_script.main(['--model', *model, '--data', str(cifar10_sample), '--images', '20'])
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--model', 'nonexistent_model'], '--model nonexistent_model: timm knows no such model'),
+    (['--data', 'missing_dir'], '--data missing_dir: no such file or folder'),
+])
+def test_bad_arguments_exit_with_one_line_before_anything_is_computed(argv, message, linearity_script, monkeypatch,
+                                                                      tmp_path, usage_error):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(linearity_script, 'model_and_test_images', None)  # a computation would fail here
+    assert f'error: {message}' in usage_error(lambda: linearity_script.main(argv))

@@ -6,14 +6,15 @@ import pytest
 import timm
 import torch
 
-from tests.helpers import ROOT, load_module
+from tests.helpers import ROOT
 
-SCRIPT = ROOT / 'examples' / 'model_table.py'
+SAMPLE = ROOT / 'data' / 'cifar10-mini-jpeg.tar.gz'
 ROW = re.compile(r'^\| `(\w+)` \| ([\d.]+) \| ([\d.]+) \| (\d+x\d+) \|(?: ([\d.]+) \| ([\d.]+) \|)?$')
 
 
-def load_script():
-    return load_module(SCRIPT)
+@pytest.fixture(scope='module')
+def script(load_example):
+    return load_example('model_table.py')
 
 
 def table_rows(text: str) -> dict:
@@ -28,8 +29,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_the_default_lists_every_model_of_ours():
-    names = load_script().model_names()
+def test_the_default_lists_every_model_of_ours(script):
+    names = script.model_names()
     assert names == timm.list_models(module=['vit_hyperbf', 'vit_qimia'])
     assert set(timm.list_models('vit_hyperbf*')) | set(timm.list_models('vit_qimia*')) <= set(names)
 
@@ -39,8 +40,7 @@ ONE_OF_EACH = ['vit_hyperbf_tiny', 'vit_attnres_block_tiny', 'vit_hyperbf_tiny_p
                'vit_qimia_tiny_patch16_224']
 
 
-def test_model_table(capsys, one_thread, cifar10_sample):
-    script = load_script()
+def test_model_table(capsys, one_thread, cifar10_sample, script):
     script.main(['--data', str(cifar10_sample), '--models', *ONE_OF_EACH, '--limit', '20', '--limit-224', '4',
                  '--batch-size', '10', *one_thread])
     out = capsys.readouterr().out
@@ -75,15 +75,15 @@ def readme_model_table() -> dict:
     return rows
 
 
-def test_the_readme_table_lists_every_model_of_ours():
-    assert sorted(readme_model_table()) == sorted(load_script().model_names())
+def test_the_readme_table_lists_every_model_of_ours(script):
+    assert sorted(readme_model_table()) == sorted(script.model_names())
 
 
-def test_markdown_only_gives_the_readmes_params_and_gmacs(capsys, one_thread):
+def test_markdown_only_gives_the_readmes_params_and_gmacs(capsys, one_thread, script):
     """The README's rows of the tiny models are what ``--markdown-only`` prints (the larger ones are their code at
     other widths, and take a minute to count)."""
-    tiny = [name for name in load_script().model_names() if '_tiny' in name]
-    rows = load_script().main(['--markdown-only', '--models', *tiny, *one_thread])
+    tiny = [name for name in script.model_names() if '_tiny' in name]
+    rows = script.main(['--markdown-only', '--models', *tiny, *one_thread])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == '| model | params (M) | GMACs | input |'
     assert sorted(r['model'] for r in rows) == sorted(tiny)
@@ -93,19 +93,44 @@ def test_markdown_only_gives_the_readmes_params_and_gmacs(capsys, one_thread):
         {name: list(readme.get(name, ['not in README.md'])) for name in tiny}
 
 
-def test_gmacs_count_attention_as_timm_publishes_them():
+def test_gmacs_count_attention_as_timm_publishes_them(script):
     """timm lists vit_tiny_patch16_224 at 1.26 GMACs, 0.18 of them attention's two products."""
     model = timm.create_model('vit_tiny_patch16_224').eval()
-    assert load_script().count_gmacs(model, (3, 224, 224), torch.device('cpu')) == pytest.approx(1.26, abs=.01)
+    assert script.count_gmacs(model, (3, 224, 224), torch.device('cpu')) == pytest.approx(1.26, abs=.01)
 
 
-def test_by_default_reads_the_repositorys_sample(capsys, one_thread):
-    load_script().main(['--models', 'vit_hyperbf_tiny', '--limit', '10', *one_thread])
+def test_by_default_reads_the_repositorys_sample(capsys, one_thread, script):
+    script.main(['--models', 'vit_hyperbf_tiny', '--limit', '10', *one_thread])
     out = capsys.readouterr().out
     assert 'test split, 200 images' in out and '10 at 32x32' in out
     assert set(table_rows(out)) == {'vit_hyperbf_tiny'}
 
 
-def test_data_without_the_split_names_the_fix(tmp_path, one_thread):
-    with pytest.raises(FileNotFoundError, match=r'--data .*: no test/ folder .*ImageFolder layout'):
-        load_script().main(['--data', str(tmp_path), '--models', 'vit_hyperbf_tiny', *one_thread])
+def test_data_without_the_split_names_the_fix(tmp_path, one_thread, script, usage_error):
+    message = usage_error(lambda: script.main(['--data', str(tmp_path), '--models', 'vit_hyperbf_tiny', *one_thread]))
+    assert message.startswith(f'--data {tmp_path}: no test/ folder in it or in a folder of it. Give a CIFAR-10 folder')
+
+
+def test_an_archive_without_the_split_is_named_not_the_folder_it_was_extracted_to(script, one_thread, usage_error):
+    message = usage_error(lambda: script.main(['--split', 'nosplit', '--models', 'vit_hyperbf_tiny', *one_thread]))
+    assert message.startswith(f'--data {SAMPLE}: no nosplit/ folder in it')
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--models', 'nonexistent_model'],
+     "--models nonexistent_model: timm knows no such model (see timm.list_models(module=['vit_hyperbf', 'vit_qimia'])"),
+    (['--models', 'vit_hyperbf_tiny.bogus'], "--models vit_hyperbf_tiny.bogus: vit_hyperbf_tiny has no tag 'bogus'"),
+    (['--limit', '0'], '--limit must be an integer >= 1, got 0'),
+    (['--batch-size', '0'], '--batch-size must be an integer >= 1, got 0'),
+    (['--device', 'bogus'], '--device bogus: Expected one of cpu, cuda, '),
+    (['--data', 'missing_dir'], '--data missing_dir: no such file or folder'),
+    (['--data', 'FILE'], '--data FILE: neither a folder nor a readable archive. Give a CIFAR-10 folder or .tar.gz'),
+])
+def test_bad_arguments_exit_with_one_line_before_any_model_is_built(argv, message, script, tmp_path, monkeypatch,
+                                                                    usage_error):
+    file = tmp_path / 'notes.txt'
+    file.write_text('not an archive\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(timm, 'create_model', None)  # a model built would fail here
+    argv = [arg.replace('FILE', str(file)) for arg in ['--models', 'vit_hyperbf_tiny', *argv]]
+    assert f"error: {message.replace('FILE', str(file))}" in usage_error(lambda: script.main(argv))

@@ -1,6 +1,8 @@
 """examples/train_cifar10.py on the repository's CIFAR-10 sample, with a tiny budget: it trains, saves a checkpoint
 that ``timm.create_model(..., checkpoint_path=...)`` loads, and prints the accuracy of that loaded model."""
+import argparse
 import re
+from pathlib import Path
 
 import pytest
 import timm
@@ -9,14 +11,16 @@ from timm.data import create_dataset, create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Subset
 
 import timm_hbf  # noqa: F401  (registers the models)
-from tests.helpers import ROOT, load_module
+from tests.helpers import ROOT
 
-SCRIPT = ROOT / 'examples' / 'train_cifar10.py'
+SAMPLE = ROOT / 'data' / 'cifar10-mini-jpeg.tar.gz'
 MODELS = ['vit_hyperbf_tiny', 'vit_qimia_tiny']
 
 
-def load_script():
-    return load_module(SCRIPT)
+@pytest.fixture
+def load_script(load_example):
+    """The script loaded afresh, with its neighbours importable."""
+    return lambda: load_example('train_cifar10.py')
 
 
 @pytest.fixture
@@ -28,7 +32,7 @@ def threads():
 
 
 @pytest.mark.parametrize('model_name', MODELS)
-def test_train_cifar10(model_name, capsys, tmp_path, threads, cifar10_sample):
+def test_train_cifar10(load_script, model_name, capsys, tmp_path, threads, cifar10_sample):
     script = load_script()
     result = script.main([
         '--data', str(cifar10_sample), '--model', model_name, '--model-kwargs', 'depth=2', '--epochs', '2',
@@ -54,17 +58,18 @@ def test_train_cifar10(model_name, capsys, tmp_path, threads, cifar10_sample):
     assert f'test accuracy: {top1:.2f} % top-1 on 40 CIFAR-10 test images (chance: 10 %)' in out
 
 
-def test_holdout_split_is_disjoint_balanced_and_complete():
+def test_holdout_split_is_disjoint_balanced_and_complete(load_script):
     script = load_script()
     train, val = script.holdout_split(1000, 100)
     assert len(val) == 100 and not set(train) & set(val) and sorted(train + val) == list(range(1000))
     assert [i // 100 for i in val] == [c for c in range(10) for _ in range(10)]  # 10 per class of 100 sorted images
     assert script.holdout_split(1000, 0) == (list(range(1000)), [])
-    with pytest.raises(ValueError, match='--val-images 1000 leaves none of the 1000 train images'):
+    with pytest.raises(SystemExit, match='--val-images 1000 leaves none of the 1000 train images'):
         script.holdout_split(1000, 1000)
 
 
-def test_by_default_trains_on_the_repositorys_sample_with_a_held_out_validation_split(capsys, tmp_path, threads):
+def test_by_default_trains_on_the_repositorys_sample_with_a_held_out_validation_split(load_script, capsys, tmp_path,
+                                                                                      threads):
     script = load_script()
     result = script.main([
         '--model', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=1', '--epochs', '1',
@@ -80,6 +85,91 @@ def test_by_default_trains_on_the_repositorys_sample_with_a_held_out_validation_
     assert len(list((tmp_path / 'cache').iterdir())) == 1  # the archive, extracted once into --cache-dir
 
 
-def test_data_without_train_and_test_folders_names_the_fix(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r'--data .*: no train/ and test/ folders .*ImageFolder layout'):
-        load_script().image_folder(tmp_path / 'nowhere', tmp_path / 'cache')
+def test_data_without_train_and_test_folders_names_the_fix(load_script, tmp_path, usage_error):
+    (tmp_path / 'data').mkdir()
+    message = usage_error(lambda: load_script().image_folder(tmp_path / 'data', tmp_path / 'cache'))
+    assert re.match(r'--data .*data: no train/ and test/ folders .*ImageFolder layout', message)
+
+
+def test_a_damaged_archive_is_named_and_leaves_nothing_in_the_cache(load_script, tmp_path, usage_error):
+    archive = tmp_path / 'cut.tar.gz'
+    archive.write_bytes(SAMPLE.read_bytes()[:100_000])  # cut short while downloading
+    message = usage_error(lambda: load_script().image_folder(archive, tmp_path / 'cache'))
+    assert message.startswith(f'--data {archive}: a damaged archive (') and 'copy it again' in message
+    assert list((tmp_path / 'cache').iterdir()) == []  # no half-extracted folder for a later run to take
+
+
+@pytest.fixture
+def text_file(tmp_path) -> Path:
+    (tmp_path / 'notes.txt').write_text('not an archive\n')
+    return tmp_path / 'notes.txt'
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--model', 'nonexistent_model'],
+     "--model nonexistent_model: timm knows no such model (see timm.list_models(module=['vit_hyperbf', 'vit_qimia'])"),
+    (['--model', 'vit_hyperbf_tinyy'], '--model vit_hyperbf_tinyy: timm knows no such model (did you mean '
+                                       'vit_hyperbf_tiny or '),
+    (['--model', 'vit_hyperbf_tiny.bogus'], "--model vit_hyperbf_tiny.bogus: vit_hyperbf_tiny has no tag 'bogus' "
+                                            '(its tags: vit_hyperbf_tiny.cifar10_100ep, '),
+    (['--data', 'missing_dir'], '--data missing_dir: no such file or folder'),
+    (['--data', 'TEXT'], '--data TEXT: neither a folder nor a readable archive. Give a CIFAR-10 folder or .tar.gz'),
+    (['--output', 'TEXT'], '--output TEXT/vit_hyperbf_tiny: TEXT is a file, not a folder'),
+    (['--train-images', '8', '--batch-size', '64'],
+     '--train-images 8 gives no full batch of --batch-size 64: lower --batch-size'),
+    (['--epochs', '0'], '--epochs must be an integer >= 1, got 0'),
+    (['--batch-size', '0'], '--batch-size must be an integer >= 1, got 0'),
+    (['--test-images', '0'], '--test-images must be an integer >= 1, got 0'),
+])
+def test_bad_arguments_exit_with_one_line_before_anything_is_built(load_script, argv, message, text_file, tmp_path,
+                                                                   monkeypatch, usage_error):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(timm, 'create_model', None)  # a model built would fail here, with a traceback
+    argv = [str(text_file) if arg == 'TEXT' else arg for arg in argv]
+    assert f"error: {message.replace('TEXT', str(text_file))}" in usage_error(lambda: load_script().main(argv))
+    assert not (tmp_path / 'output').exists()
+
+
+def test_a_batch_larger_than_the_train_images_is_refused_before_training(load_script, cifar10_sample, tmp_path,
+                                                                         usage_error):
+    """The parse-time check knows --train-images only: 900 images left by --val-images give no batch of 1000."""
+    message = usage_error(lambda: load_script().main([
+        '--data', str(cifar10_sample), '--model-kwargs', 'depth=1', '--train-images', '2000', '--val-images', '100',
+        '--batch-size', '1000', '--output', str(tmp_path / 'out')]))
+    assert message.startswith('--batch-size 1000 is more than the 900 train images of --data ')
+    assert message.endswith('(those --val-images leaves): lower --batch-size.')
+    assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize('name, kwargs', [
+    ('vit_hyperbf_tiny', {}),                                           # ours: timm-hbf's checked loading
+    ('vit_tiny_patch16_224', dict(img_size=32, patch_size=4)),          # timm's: checkpoint_path
+])
+def test_a_checkpoint_loads_its_ema_weights_and_head(load_script, name, kwargs, tmp_path):
+    torch.manual_seed(0)
+    trained, ema = (timm.create_model(name, num_classes=10, depth=1, **kwargs) for _ in range(2))
+    path = tmp_path / 'last.pth.tar'
+    torch.save(dict(arch=name, state_dict=trained.state_dict(), state_dict_ema=ema.state_dict()), path)
+    args = argparse.Namespace(model=name, model_kwargs=dict(kwargs, depth=1, num_classes=10), pretrained=False,
+                              checkpoint=str(path))
+    loaded = load_script().create_model(args)
+    assert loaded.state_dict().keys() == ema.state_dict().keys()
+    for key, value in ema.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value, msg=key)
+
+
+@pytest.mark.parametrize('name, kwargs, message', [
+    ('vit_qimia_tiny', {}, r'CHECKPOINT does not fit vit_qimia_tiny as built: \d+ missing .*They were saved from a '
+                           r'vit_hyperbf_tiny\. Create the model the weights were trained as'),
+    ('vit_tiny_patch16_224', dict(img_size=32, patch_size=4),
+     r'--checkpoint CHECKPOINT does not fit vit_tiny_patch16_224 as built: Missing key\(s\) in state_dict: '
+     r'"blocks\.0\.mlp\.fc1\.weight".* \(and \d+ more lines\)\. Give the --model and --model-kwargs it was '
+     'trained with.'),
+])
+def test_a_checkpoint_of_another_model_exits_with_one_line(load_script, name, kwargs, message, tmp_path, usage_error):
+    path = tmp_path / 'last.pth.tar'
+    other = timm.create_model('vit_hyperbf_tiny', depth=1)
+    torch.save(dict(arch='vit_hyperbf_tiny', state_dict_ema=other.state_dict()), path)
+    args = argparse.Namespace(model=name, model_kwargs=dict(kwargs, depth=1), pretrained=False, checkpoint=str(path))
+    assert re.match(message.replace('CHECKPOINT', re.escape(str(path))),
+                        usage_error(lambda: load_script().create_model(args)))
