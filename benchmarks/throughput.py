@@ -57,10 +57,10 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.layers import Mlp
-from timm.utils import ParseKwargs
 from torch.utils.flop_counter import FlopCounterMode
 
 import timm_hbf
+from timm_hbf.cli import ParseKwargs
 from timm_hbf.layers import DepthAttention
 from timm_hbf.models import PretrainedWeightsError, VisionTransformerQimia
 
@@ -451,6 +451,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f'--variants takes KEY=VALUE[,KEY=VALUE] items, got {" ".join(args.variants)}')
     if args.json:
         check_json(parser, args.json)
+    for flag, low in (('batch_size', 1), ('attention_dim', 1), ('threads', 1), ('warmup', 0), ('steps', 1),
+                      ('rounds', 1)):
+        value = getattr(args, flag)
+        if value is not None and value < low:
+            parser.error(f"--{flag.replace('_', '-')} must be an integer >= {low}, got {value}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        parser.error(f'--device {args.device}: not a device torch knows ({e})')
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        parser.error(f'--device {args.device}: torch sees no CUDA device here (measure on the CPU with --device cpu)')
     args.variants = {variant: {k: literal(v) for k, v in (kv.split('=', 1) for kv in variant.split(','))}
                      for variant in args.variants}
     return args
