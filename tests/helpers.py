@@ -61,6 +61,20 @@ def layer_normed(*shape: int, seed: int = 1234) -> torch.Tensor:
     return torch.nn.functional.layer_norm(torch.randn(*shape, generator=g) * 3 + 1, shape[-1:])
 
 
+def dropout_matches_its_expectation(layer: torch.nn.Module, plain: torch.nn.Module, x: torch.Tensor) -> None:
+    """``layer`` with dropout, ``plain`` the same without, ``x`` one input repeated along the batch (a draw each): in
+    training every draw is another and their mean is ``plain``'s output (within 5 standard errors); in evaluation
+    ``layer`` gives that output."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        expected = plain(x[:1])[0]
+        draws = layer.train()(x)
+        torch.testing.assert_close(layer.eval()(x[:1])[0], expected)
+    assert not torch.allclose(draws[0], draws[1])
+    standard_error = draws.std(0) / draws.shape[0] ** .5
+    assert ((draws.mean(0) - expected).abs() < 5 * standard_error + 1e-6).all()
+
+
 def compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor, backend: str) -> None:
     """``torch.compile(model, fullgraph=True)`` (which raises on any graph break) gives the eager outputs in eval
     under ``torch.inference_mode`` (as timm's train.py evaluates, and its validate.py and inference.py run), and the

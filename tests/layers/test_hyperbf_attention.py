@@ -11,7 +11,7 @@ from timm.models.vision_transformer import Block
 from timm_hbf.layers import HyperBFAttention
 from timm_hbf.layers.hyperbf_attention import gaussian_sdpa
 
-from ..helpers import ShapeRecorder, layer_normed
+from ..helpers import ShapeRecorder, dropout_matches_its_expectation, layer_normed
 
 
 def make_pair(dtype=torch.float32, **kwargs):
@@ -161,15 +161,7 @@ def test_dropout_acts_in_training_only_and_keeps_the_expected_output(path, dropo
     """Training: attention weights (``attn_drop``) or outputs (``proj_drop``) dropped with probability p and the rest
     scaled by 1 / (1 - p), each draw another, their mean the output without dropout; evaluation: that output."""
     plain, with_dropout = make_pair()[path == 'reference'], make_pair(**{dropout: .5})[path == 'reference']
-    x = layer_normed(1, 9, 48).expand(4000, -1, -1)  # 4000 draws for one sequence
-    torch.manual_seed(0)
-    with torch.no_grad():
-        expected = plain(x[:1])[0]
-        draws = with_dropout(x)
-        torch.testing.assert_close(with_dropout.eval()(x[:1])[0], expected)
-    assert not torch.allclose(draws[0], draws[1])
-    standard_error = draws.std(0) / math.sqrt(len(draws))
-    assert ((draws.mean(0) - expected).abs() < 5 * standard_error + 1e-6).all()
+    dropout_matches_its_expectation(with_dropout, plain, layer_normed(1, 9, 48).expand(4000, -1, -1))
 
 
 def test_timm_block_drives_the_layer_with_its_arguments():

@@ -8,7 +8,7 @@ from timm.models.vision_transformer import Block
 
 from timm_hbf.layers import HyperBFMlp
 
-from ..helpers import ShapeRecorder, layer_normed, saved_activation_bytes
+from ..helpers import ShapeRecorder, dropout_matches_its_expectation, layer_normed, saved_activation_bytes
 
 
 def brute_force_units(mlp, x):
@@ -129,14 +129,7 @@ def test_dropout_acts_in_training_only_and_keeps_the_expected_output():
     plain = HyperBFMlp(48, 96)
     with_dropout = HyperBFMlp(48, 96, drop=.5)
     with_dropout.load_state_dict(plain.state_dict())
-    x = layer_normed(1, 1, 48)[0].expand(20000, -1)  # 20000 draws for one token
-    with torch.no_grad():
-        expected = plain(x[:1])[0]
-        draws = with_dropout(x)
-        torch.testing.assert_close(with_dropout.eval()(x[:1])[0], expected)
-    assert not torch.allclose(draws[0], draws[1])
-    standard_error = draws.std(0) / math.sqrt(len(draws))
-    assert ((draws.mean(0) - expected).abs() < 5 * standard_error + 1e-6).all()
+    dropout_matches_its_expectation(with_dropout, plain, layer_normed(1, 1, 48)[0].expand(20000, -1))
 
 
 def test_timm_block_drives_the_layer_with_its_arguments():
