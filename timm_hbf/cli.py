@@ -3,10 +3,10 @@
 ``timm-hbf push CHECKPOINT --repo-id ORG/NAME`` pushes a checkpoint of timm's train.py to the Hugging Face Hub.
 """
 import argparse
+import ast
 import sys
 from typing import List, Optional
 
-import timm.utils
 import torch
 
 from .hub import HubError, push_to_hub, read_train_output, write_repo_folder
@@ -63,18 +63,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class ParseKwargs(timm.utils.ParseKwargs):
-    """timm's ``--model-kwargs`` action (``KEY=VALUE`` items, each value a Python literal or else a string), with a
-    usage error for an item that is not ``KEY=VALUE``: ``parser.add_argument('--model-kwargs', nargs='*',
+class ParseKwargs(argparse.Action):
+    """``--model-kwargs`` as timm's scripts read it (``KEY=VALUE`` items, each value a Python literal or else a
+    string, ``act=a=b`` split at the first ``=`` as timm 1.0.31 splits it, also under older timm), with a usage
+    error for an item that is not ``KEY=VALUE``: ``parser.add_argument('--model-kwargs', nargs='*',
     action=ParseKwargs)``."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: List[str],
                  option_string: Optional[str] = None) -> None:
-        for value in values:
-            key, equals, _ = value.partition('=')
-            if value and not (key and equals):
-                raise argparse.ArgumentError(self, f'takes KEY=VALUE items, got {value!r}')
-        super().__call__(parser, namespace, values, option_string)
+        kwargs = {}
+        for item in filter(None, values):
+            key, equals, value = item.partition('=')
+            if not (key and equals):
+                raise argparse.ArgumentError(self, f'takes KEY=VALUE items, got {item!r}')
+            try:
+                kwargs[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                kwargs[key] = value
+        setattr(namespace, self.dest, kwargs)
 
 
 def _repo_id(value: str) -> str:
