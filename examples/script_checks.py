@@ -7,7 +7,7 @@ import os
 import tarfile
 import zlib
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import timm
 from timm.models import get_arch_pretrained_cfgs, get_pretrained_cfg, parse_model_name, split_model_name_tag
@@ -47,6 +47,18 @@ def check_models(parser: argparse.ArgumentParser, option: str, names: Sequence[s
         problem = model_problem(name, weights)
         if problem:
             parser.error(f'{option} {name}: {problem}')
+
+
+def check_model_kwargs(parser: argparse.ArgumentParser, name: str, kwargs: Dict[str, Any], **fixed: Any) -> None:
+    """``parser.error`` naming ``--model-kwargs`` where ``name`` cannot be built with them (and the script's own
+    ``fixed`` arguments; built on the meta device: no memory, no time)."""
+    if not kwargs:
+        return
+    try:
+        timm.create_model(name, device='meta', **kwargs, **fixed)
+    except (TypeError, ValueError) as e:
+        items = ' '.join(f'{k}={v!r}' for k, v in kwargs.items())
+        parser.error(f'--model-kwargs {items}: {name} cannot be built with them ({e})')
 
 
 def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, **lowest: int) -> None:

@@ -31,7 +31,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import timm
 import torch
-from script_checks import OUR_MODULES, check_counts, check_data, check_models, check_output, extract_archive
+from script_checks import (
+    OUR_MODULES,
+    check_counts,
+    check_data,
+    check_model_kwargs,
+    check_models,
+    check_output,
+    extract_archive,
+)
 from timm.data import create_dataset, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy
 from timm.models import split_model_name_tag
@@ -96,6 +104,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: str, images: int
 def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``parser.error`` for a bad argument of :func:`add_model_arguments`: checked before anything is computed."""
     check_models(parser, '--model', [args.model], weights=args.pretrained)
+    check_model_kwargs(parser, args.model, args.model_kwargs)
     check_counts(parser, args, images=1)
     if args.checkpoint and not Path(args.checkpoint).expanduser().is_file():
         parser.error(f'--checkpoint {args.checkpoint}: no such file (a checkpoint of train.py or train_cifar10.py)')
@@ -188,6 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--output', default='output/train_cifar10', help='checkpoint folder (default: %(default)s)')
     args = parser.parse_args(argv)
     check_models(parser, '--model', [args.model])
+    check_model_kwargs(parser, args.model, args.model_kwargs, num_classes=10)
     check_counts(parser, args, epochs=1, train_images=1, test_images=1, val_images=0, batch_size=1, threads=1,
                  workers=0)
     if args.train_images < args.batch_size:  # the loader drops a last, smaller batch

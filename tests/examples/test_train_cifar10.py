@@ -130,6 +130,22 @@ def test_bad_arguments_exit_with_one_line_before_anything_is_built(load_script, 
     assert not (tmp_path / 'output').exists()
 
 
+@pytest.mark.parametrize('item, reason', [
+    ('bogus=1', "VisionTransformer.__init__() got an unexpected keyword argument 'bogus'"),
+    ('depth=0', 'depth must be an integer >= 1, got 0.'),
+])
+def test_model_arguments_the_model_does_not_take_exit_with_one_line_before_training(load_script, item, reason, tmp_path,
+                                                                                   monkeypatch, usage_error):
+    """Checked on the meta device: nothing is allocated, trained or written."""
+    monkeypatch.chdir(tmp_path)
+    create_model, devices = timm.create_model, []
+    monkeypatch.setattr(timm, 'create_model', lambda *args, **kwargs: devices.append(kwargs.get('device')) or
+                        create_model(*args, **kwargs))
+    message = usage_error(lambda: load_script().main(['--model-kwargs', item]))
+    assert message.endswith(f'error: --model-kwargs {item}: vit_hyperbf_tiny cannot be built with them ({reason})')
+    assert devices == ['meta'] and not (tmp_path / 'output').exists()
+
+
 def test_a_batch_larger_than_the_train_images_is_refused_before_training(load_script, cifar10_sample, tmp_path,
                                                                          usage_error):
     """The parse-time check knows --train-images only: 900 images left by --val-images give no batch of 1000."""
