@@ -578,6 +578,15 @@ def test_attention_masks_reach_every_token_attention_as_in_timms_vit(option):
         torch.testing.assert_close(compiled(x, is_causal=True), model(x, is_causal=True), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize('call', ['forward', 'forward_features', 'forward_intermediates'])
+def test_a_mask_and_is_causal_together_are_refused_as_in_the_hyperbf_family(call):
+    """Not one of them silently dropped (timm's non-fused attention drops the mask): pass one, or fold the causal mask
+    into ``attn_mask``."""
+    mask = torch.ones(65, 65, dtype=torch.bool)
+    with pytest.raises(ValueError, match='attn_mask and is_causal=True were both given: pass one, or fold'):
+        getattr(small(), call)(images(), attn_mask=mask, is_causal=True)
+
+
 def test_attention_masks_pass_through_gradient_checkpointing(checkpointing_reentrant):
     model = small()
     randomize_queries(model)

@@ -1,10 +1,10 @@
 """Attention over depth: a sublayer's read of, and write to, a per-token memory of earlier outputs (QIMIA, Dugue 2023,
-report Eq. 1-2; Attention Residuals, Kimi Team 2026).
+report Eq. 1, which it repeats as Eq. 2; Attention Residuals, Kimi Team 2026).
 
 Every sublayer ``l`` owns a learned query ``q_l`` and reads, per token and per head ``h``, the entries ``(k_i, v_i)``
 that the embedding and the earlier sublayers wrote for that token:
 
-    A_l = sum_i w_i v_{i,h},   w_i = softmax_i(s_i)                                             (Eq. 1-2)
+    A_l = sum_i w_i v_{i,h},   w_i = softmax_i(s_i)                                             (Eq. 1)
     s_i = q_{l,h} . k_{i,h}                              dot-product kernel (Eq. 1)
     s_i = -gamma_h ||q_{l,h} - k_{i,h}||^2               Gaussian kernel, the report's L2 attention
 
@@ -125,8 +125,9 @@ class DepthAttention(nn.Module):
         return k.flatten(-2)
 
     def weights(self, keys: List[torch.Tensor]) -> torch.Tensor:
-        """``w_i`` (Eq. 2), ``(B, N, H, len(keys))``, in float32 or wider. Entries go last: with them first, inductor
-        fused the softmax with the read's sum and the LayerNorm after it into a GPU kernel 6.6x slower (docs/gpu.md)."""
+        """``w_i`` (Eq. 1's softmax), ``(B, N, H, len(keys))``, in float32 or wider. Entries go last: with them first,
+        inductor fused the softmax with the read's sum and the LayerNorm after it into a GPU kernel 6.6x slower
+        (docs/gpu.md)."""
         query, gamma = self.query.to(accumulation_dtype(self.query)), self.gamma()
         return torch.stack(_broadcast([depth_logits(query, k, gamma) for k in keys]), -1).softmax(-1)
 

@@ -125,7 +125,7 @@ class HyperBFKernel(nn.Module):
         return x @ metric.t().to(x.dtype)
 
     def log_kernel(self, x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-        """``log K(x_i, t_j)`` for projected points: ``(..., N, D), (..., M, D) -> (..., N, M)``, float32.
+        """``log K(x_i, t_j)`` for projected points: ``(..., N, D), (..., M, D) -> (..., N, M)``, float32 (or wider).
 
         ``gamma`` broadcasts against the result with a 1 in its ``N`` dimension (see :func:`log_gaussian`).
         """

@@ -37,9 +37,10 @@ class HyperBFMlp(nn.Module):
     ``bias`` is the readout's.
 
     Every unit is alive at init: on LayerNorm'd inputs and ``N(0, I)`` centres ``||x - t||^2`` is about ``2 D``, so
-    the widths start at ``gamma = 1 / (2 D)``, where ``K`` is about ``exp(-1)`` (:func:`init_gamma`); the authors'
-    ``gamma = 0.1`` gives ``exp(-154)`` at ``D = 768``, zero in fp32, and no gradient (docs/hyperbf.md). The layer
-    costs one matrix product of width ``num_centers`` plus the readout, as an MLP of the same hidden width does.
+    independent Gaussian units start at ``gamma = 1 / (2 D)``, where ``K`` is about ``exp(-1)`` (the other kernels
+    and normalised units: :func:`init_gamma`); the authors' ``gamma = 0.1`` gives ``exp(-154)`` at ``D = 768``,
+    zero in fp32, and no gradient (docs/hyperbf.md). The layer costs one matrix product of width ``num_centers``
+    plus the readout, as an MLP of the same hidden width does.
 
     Args:
         in_features: Input dimension ``D``.

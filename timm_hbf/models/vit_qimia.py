@@ -48,6 +48,7 @@ from torch.jit import Final
 
 from .._checks import check_choice, check_count, check_flag, check_number, check_vit_arguments, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
+from ..layers.hyperbf_attention import check_one_mask
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
 try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf and push_to_hf_hub write to config.json
@@ -234,7 +235,8 @@ class VisionTransformerQimia(nn.Module):
         dynamic_img_size: Accept any input size, resampling the position embedding on the fly.
         dynamic_img_pad: Pad inputs whose size is not a multiple of the patch size.
         drop_rate: Dropout before the head.
-        pos_drop_rate: Dropout on the patch-embedding entry.
+        pos_drop_rate: Dropout on the patch-embedding entry with its class and register tokens (with
+            ``sublayer_values``, on the token embedding: those plus the position embedding).
         proj_drop_rate: Dropout after the token attention and the feed-forward hidden layer.
         attn_drop_rate: Dropout on the token-attention weights.
         drop_path_rate: Path dropout: dropout on the depth-attention weights (report §6), growing linearly to this
@@ -497,7 +499,8 @@ class VisionTransformerQimia(nn.Module):
         """Layers ``0..last``, then the output read: its result before the final norm, and the values that the
         feed-forward blocks of the ``taken`` layers wrote (a layer's output: there is no residual stream; in
         block-memory mode, the summary it was merged into). ``attn_mask`` and ``is_causal``: as timm's ViT takes
-        them, for every token attention."""
+        them, for every token attention (not both at once)."""
+        check_one_mask(attn_mask, is_causal)
         keys, values = self.init_memory(x)
         intermediates: List[torch.Tensor] = []
         for i, layer in enumerate(self.blocks):
@@ -568,7 +571,8 @@ class VisionTransformerQimia(nn.Module):
                 (with ``return_prefix_tokens``) and ``image_features`` (unless ``intermediates_only``).
             attn_mask: Mask of the token attention (boolean, True to attend, or added to the logits), ``(N, N)`` or
                 broadcastable to ``(B, heads, N, N)``, as timm's ``Attention`` takes it.
-            is_causal: Causal token attention (it takes precedence over ``attn_mask``).
+            is_causal: Causal token attention (refused together with ``attn_mask``, as in the HyperBF family: fold
+                the causal mask into ``attn_mask`` to combine them).
         """
         if output_fmt not in ('NCHW', 'NLC'):
             fail('output_fmt', output_fmt, "'NCHW' or 'NLC'")
