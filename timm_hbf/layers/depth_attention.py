@@ -30,17 +30,12 @@ from torch import nn
 from torch.jit import Final
 
 from .._checks import check_choice, check_count, check_number, fail
-from .hyperbf_kernel import HyperBFKernel
+from .hyperbf_kernel import HyperBFKernel, accumulation_dtype
 
 __all__ = ['DEPTH_KERNELS', 'DepthAttention', 'depth_logits', 'normalized_entropy']
 
 DEPTH_KERNELS = ('dot', 'gaussian')
 KEY_NORMS = ('', 'l2', 'rms')
-
-
-def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
-    """float32, or float64 for float64 ``x``: the dtype of a read's logits and sum, and of a block summary."""
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def depth_logits(query: torch.Tensor, key: torch.Tensor, gamma: Optional[torch.Tensor]) -> torch.Tensor:

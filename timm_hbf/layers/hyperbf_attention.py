@@ -15,7 +15,7 @@ from torch import nn
 from torch.jit import Final
 
 from .._checks import check_count, check_flag, check_positive
-from .hyperbf_kernel import HyperBFKernel
+from .hyperbf_kernel import HyperBFKernel, accumulation_dtype
 
 __all__ = ['HyperBFAttention', 'add_self_attn_mask', 'gaussian_sdpa']
 
@@ -56,7 +56,7 @@ def gaussian_sdpa(
     """
     check_one_mask(attn_mask, is_causal)
     dim = q.shape[-1]
-    k_wide = k.to(torch.promote_types(k.dtype, torch.float32))
+    k_wide = k.to(accumulation_dtype(k))
     key_term = -gamma * torch.linalg.vecdot(k_wide, k_wide).unsqueeze(-1)  # (B, H, N, 1)
     keys = [(2. * gamma * k).to(k.dtype), key_term.to(k.dtype)]
     if k.dtype == torch.float16 or k.dtype == torch.bfloat16:

@@ -27,8 +27,14 @@ KERNELS = ('gaussian', 'laplacian')
 LOG_GAMMA_BOUND = 60.  # exp(+-60) is finite and non-zero in fp32 and bf16
 
 
+def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32, or float64 for float64 ``x``: the dtype that distances, kernel logits and the sums over them are
+    computed in, whatever the inputs' dtype (also under autocast)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _log_gaussian(x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    dtype = accumulation_dtype(x)
     x, t, gamma = x.to(dtype), t.to(dtype), gamma.to(dtype)
     two_gamma_t = t * (2. * gamma).transpose(-1, -2)  # 2 gamma_j t_j, (..., M, D)
     t_term = torch.linalg.vecdot(two_gamma_t, t).unsqueeze(-2) * -.5  # -gamma_j ||t_j||^2, (..., 1, M)
