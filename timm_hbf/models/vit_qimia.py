@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
+import torch.fx
 from timm.layers import (
     Attention,
     AttentionPoolLatent,
@@ -61,6 +62,7 @@ __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_fil
 VALUE_NORMS = ('layernorm', 'batchnorm')
 GLOBAL_POOLS = ('', 'token', 'avg', 'avgmax', 'max', 'map', 'prr')  # timm's ViT's
 ATTENTION_POOLS = ('map', 'prr')
+torch.fx.wrap('check_one_mask')  # a leaf for torch.fx: a symbolic trace cannot branch on its arguments
 # depth-attention queries (decay would pull every read back to the uniform average) and Gaussian widths
 NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
 
