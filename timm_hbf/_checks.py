@@ -9,7 +9,8 @@ import math
 import numbers
 from typing import Any, Callable, Mapping, NoReturn, Sequence, Type
 
-__all__ = ['check_choice', 'check_count', 'check_flag', 'check_number', 'check_positive', 'check_vit_arguments', 'fail']
+__all__ = ['check_choice', 'check_count', 'check_flag', 'check_number', 'check_positive', 'check_rate',
+           'check_vit_arguments', 'fail']
 
 
 def fail(name: str, value: Any, allowed: str, error: Type[Exception] = ValueError) -> NoReturn:
@@ -33,6 +34,11 @@ def check_count(name: str, value: Any, low: int = 1) -> None:
 def check_positive(name: str, value: Any) -> None:
     """A finite real number > 0."""
     check_number(name, value, numbers.Real, lambda v: v > 0 and math.isfinite(v), 'a finite number > 0')
+
+
+def check_rate(name: str, value: Any) -> None:
+    """A dropout rate: a real number in [0, 1)."""
+    check_number(name, value, numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
 
 
 def check_flag(name: str, value: Any) -> None:
@@ -66,4 +72,4 @@ def check_vit_arguments(args: Mapping[str, Any]) -> None:
             fail(name, value, 'an integer >= 1 or a pair of them (height, width)')
     for name in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate', 'drop_path_rate'):
         if name in args:
-            check_number(name, args[name], numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
+            check_rate(name, args[name])

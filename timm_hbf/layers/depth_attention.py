@@ -21,7 +21,6 @@ in plain autograd (its peak memory for vit_qimia_tiny is 9 to 13 % above that of
 recomputed the weights, which was no faster, and 5 % slower compiled: docs/qimia.md).
 """
 import math
-import numbers
 from typing import List, Optional, Tuple
 
 import torch
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_choice, check_count, check_number, fail
+from .._checks import check_choice, check_count, check_rate, fail
 from .hyperbf_kernel import HyperBFKernel, accumulation_dtype
 
 __all__ = ['DEPTH_KERNELS', 'DepthAttention', 'depth_logits', 'normalized_entropy']
@@ -89,7 +88,7 @@ class DepthAttention(nn.Module):
             fail('num_heads', num_heads, f'a divisor of key_dim ({key_dim})')
         check_choice('kernel', kernel, DEPTH_KERNELS)
         check_choice('key_norm', key_norm, KEY_NORMS)
-        check_number('path_drop', path_drop, numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
+        check_rate('path_drop', path_drop)
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
         self.key_norm = key_norm
