@@ -195,11 +195,8 @@ def test_one_width_per_head_or_per_layer():
     assert HyperBFAttention(48, num_heads=3, gamma_per_head=False).kernel.log_gamma.shape == (1,)
 
 
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize('grad', [True, False], ids=['training', 'inference'])
-def test_fused_path_pads_q_k_and_v_to_a_multiple_of_8_on_every_device(dtype, grad, monkeypatch):
-    """A head width of 64 takes one key-norm channel in float32 and two in half precision (the term and its rounding
-    error): 65 or 66 wide, padded to 72, the widths CUDA's half-precision kernels take."""
+def record_sdpa_widths(monkeypatch) -> list:
+    """The widths and dtype of q, k and v at every call of ``F.scaled_dot_product_attention`` from now on."""
     widths = []
     sdpa = F.scaled_dot_product_attention
 
@@ -208,9 +205,45 @@ def test_fused_path_pads_q_k_and_v_to_a_multiple_of_8_on_every_device(dtype, gra
         return sdpa(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(F, 'scaled_dot_product_attention', recording_sdpa)
+    return widths
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('grad', [True, False], ids=['training', 'inference'])
+def test_fused_path_pads_q_k_and_v_to_a_multiple_of_8_on_every_device(dtype, grad, monkeypatch):
+    """A head width of 64 takes one key-norm channel in float32 and two in half precision (the term and its rounding
+    error): 65 or 66 wide, padded to 72, the widths CUDA's half-precision kernels take."""
+    widths = record_sdpa_widths(monkeypatch)
     with torch.set_grad_enabled(grad):
         HyperBFAttention(192, num_heads=3, dtype=dtype)(layer_normed(2, 9, 192).to(dtype))
     assert widths == [(72, 72, 72, dtype)]
+
+
+@pytest.mark.parametrize('dtype, unpadded', [(torch.float32, 65), (torch.bfloat16, 66)])
+def test_the_padding_changes_nothing_but_the_width(dtype, unpadded, monkeypatch):
+    """``channel_multiple=1`` (no padding) and 8 compute the same attention and the same gradients; 1 runs SDPA at
+    the width the logits need."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 64, dtype=dtype, requires_grad=True) for _ in range(3))
+    gamma = torch.rand(3, 1, 1) / 8
+    widths = record_sdpa_widths(monkeypatch)
+    outputs, grads = [], []
+    for multiple in (8, 1):
+        out = gaussian_sdpa(q, k, v, gamma, channel_multiple=multiple)
+        outputs.append(out)
+        grads.append(torch.autograd.grad(out.float().square().sum(), (q, k, v)))
+    assert [w[0] for w in widths] == [72, unpadded]
+    tolerance = {} if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)  # float32: its rounding alone
+    torch.testing.assert_close(outputs[1], outputs[0], **tolerance)
+    for padded, plain in zip(*grads):
+        torch.testing.assert_close(plain, padded, **tolerance)
+
+
+@pytest.mark.parametrize('multiple, error', [(0, ValueError), (8., TypeError)])
+def test_a_channel_multiple_that_is_no_count_is_refused(multiple, error):
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(error, match=f'channel_multiple must be an integer >= 1, got {multiple!r}'):
+        gaussian_sdpa(q, q, q, torch.ones(1, 1, 1), channel_multiple=multiple)
 
 
 @pytest.mark.parametrize('fused', [True, False], ids=['fused', 'reference'])

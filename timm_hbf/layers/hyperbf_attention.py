@@ -43,18 +43,22 @@ def gaussian_sdpa(
         attn_mask: Optional[torch.Tensor] = None,
         dropout_p: float = 0.,
         is_causal: bool = False,
+        channel_multiple: int = 8,
 ) -> torch.Tensor:
     """Gaussian attention ``softmax_j(-gamma ||q_i - k_j||^2) v_j`` on ``F.scaled_dot_product_attention``, with no
     distance matrix outside the kernel: ``q, k, v (B, H, N, D)``, ``gamma (H or 1, 1, 1)``, mask as SDPA takes it.
 
     Along a softmax over keys the query norm is a constant, so the logits are ``2 gamma q_i . k_j - gamma ||k_j||^2``:
     the dot products ``[q, 1] . [2 gamma k, -gamma ||k||^2]``, with ``v`` zero-padded to the same width (and all three
-    to a multiple of 8). In half precision the key-norm term is split over two channels, its rounding and the
-    remainder, which the kernel's float32 accumulation adds back together: rounded to one bf16 number it would be off
-    by up to ``gamma ||k||^2 / 256``. ``attn_mask`` together with ``is_causal=True`` is refused
+    to a multiple of ``channel_multiple``: CUDA's flash and cuDNN kernels take half precision only at multiples of 8;
+    1 pads nothing). In half precision the key-norm term is split over two channels, its rounding and the remainder,
+    which the kernel's float32 accumulation adds back together: rounded to one bf16 number it would be off by up to
+    ``gamma ||k||^2 / 256``. ``attn_mask`` together with ``is_causal=True`` is refused
     (:func:`check_one_mask`).
     """
     check_one_mask(attn_mask, is_causal)
+    if not torch.jit.is_scripting():
+        check_count('channel_multiple', channel_multiple)
     dim = q.shape[-1]
     k_wide = k.to(accumulation_dtype(k))
     key_term = -gamma * torch.linalg.vecdot(k_wide, k_wide).unsqueeze(-1)  # (B, H, N, 1)
@@ -62,8 +66,7 @@ def gaussian_sdpa(
     if k.dtype == torch.float16 or k.dtype == torch.bfloat16:
         keys.append((key_term - keys[1]).to(k.dtype))
     k = torch.cat(keys, dim=-1)
-    pad = -k.shape[-1] % 8  # everywhere: CUDA's half-precision kernels need it; on the CPU it costs no time
-    k = F.pad(k, (0, pad))  # zeros: whatever q holds there adds nothing
+    k = F.pad(k, (0, -k.shape[-1] % channel_multiple))  # zeros: whatever q holds there adds nothing
     extra = k.shape[-1] - dim
     q = F.pad(q, (0, extra), value=1.)
     v = F.pad(v, (0, extra))
