@@ -1,7 +1,7 @@
 """The argument checks of the layers and models: one message form, the argument, the value, what is allowed."""
 import pytest
 
-from timm_hbf._checks import check_choice, check_count, check_flag, check_positive
+from timm_hbf._checks import check_choice, check_count, check_divisor, check_flag, check_positive
 
 
 @pytest.mark.parametrize('check, value, error, message', [
@@ -27,6 +27,12 @@ def test_a_choice_must_be_one_of_those_named():
 @pytest.mark.parametrize('check, value', [(check_count, 1), (check_positive, 1e-9), (check_flag, False)])
 def test_a_good_value_passes(check, value):
     check('n', value)
+
+
+def test_a_divisor_names_what_it_must_divide():
+    check_divisor('num_heads', 3, 'dim', 192)
+    with pytest.raises(ValueError, match=r'^num_heads must be a divisor of dim \(50\), got 3\.$'):
+        check_divisor('num_heads', 3, 'dim', 50)
 
 
 def test_a_count_may_start_elsewhere():

@@ -9,7 +9,7 @@ import math
 import numbers
 from typing import Any, Callable, Mapping, NoReturn, Sequence, Type
 
-__all__ = ['check_choice', 'check_count', 'check_flag', 'check_number', 'check_positive', 'check_rate',
+__all__ = ['check_choice', 'check_count', 'check_divisor', 'check_flag', 'check_number', 'check_positive', 'check_rate',
            'check_vit_arguments', 'fail']
 
 
@@ -29,6 +29,12 @@ def check_number(name: str, value: Any, kind: type, ok: Callable[[Any], bool], a
 def check_count(name: str, value: Any, low: int = 1) -> None:
     """An integer >= ``low``."""
     check_number(name, value, numbers.Integral, lambda v: v >= low, f'an integer >= {low}')
+
+
+def check_divisor(name: str, value: int, of_name: str, of_value: int) -> None:
+    """A divisor of ``of_value`` (both already counts), as the number of heads a width is split into must be."""
+    if of_value % value:
+        fail(name, value, f'a divisor of {of_name} ({of_value})')
 
 
 def check_positive(name: str, value: Any) -> None:

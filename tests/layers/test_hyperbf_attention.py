@@ -257,7 +257,7 @@ def test_a_mask_together_with_is_causal_is_refused_on_both_paths(fused):
 
 
 def test_dim_and_heads_that_do_not_fit_are_rejected_with_both_named():
-    with pytest.raises(ValueError, match=r'dim \(50\) must be divisible by num_heads \(3\)'):
+    with pytest.raises(ValueError, match=r'num_heads must be a divisor of dim \(50\), got 3\.'):
         HyperBFAttention(50, num_heads=3)
     with pytest.raises(ValueError, match=r'num_heads must be an integer >= 1, got 0'):
         HyperBFAttention(48, num_heads=0)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_choice, check_count, check_rate, fail
+from .._checks import check_choice, check_count, check_divisor, check_rate
 from .hyperbf_kernel import HyperBFKernel, accumulation_dtype
 
 __all__ = ['DEPTH_KERNELS', 'DepthAttention', 'depth_logits', 'normalized_entropy']
@@ -78,14 +78,13 @@ class DepthAttention(nn.Module):
             kernel: str = 'dot',
             key_norm: str = '',
             path_drop: float = 0.,
-            device=None,
-            dtype=None,
+            device: torch.types.Device = None,
+            dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         check_count('key_dim', key_dim)
         check_count('num_heads', num_heads)
-        if key_dim % num_heads:
-            fail('num_heads', num_heads, f'a divisor of key_dim ({key_dim})')
+        check_divisor('num_heads', num_heads, 'key_dim', key_dim)
         check_choice('kernel', kernel, DEPTH_KERNELS)
         check_choice('key_norm', key_norm, KEY_NORMS)
         check_rate('path_drop', path_drop)

@@ -13,6 +13,7 @@ Distances are never formed from ``x[:, None] - t[None]`` differences: ``||x - t|
 turns them into one matrix product, which is what lets HyperBF layers cost what their dot-product counterparts cost.
 """
 import math
+from typing import Optional
 
 import torch
 import torch.fx
@@ -87,8 +88,8 @@ class HyperBFKernel(nn.Module):
             kernel: str = 'gaussian',
             mahalanobis: bool = False,
             eps: float = 1e-6,
-            device=None,
-            dtype=None,
+            device: torch.types.Device = None,
+            dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         check_count('dim', dim)

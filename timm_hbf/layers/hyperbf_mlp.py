@@ -69,8 +69,8 @@ class HyperBFMlp(nn.Module):
             kernel: str = 'gaussian',
             mahalanobis: bool = False,
             normalized: bool = False,
-            device=None,
-            dtype=None,
+            device: torch.types.Device = None,
+            dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}

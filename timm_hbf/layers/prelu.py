@@ -73,8 +73,8 @@ class PReLULinear(nn.Module):
             out_features: int,
             bias: bool = True,
             slope_init: float = .25,
-            device=None,
-            dtype=None,
+            device: torch.types.Device = None,
+            dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         dd = {'device': device, 'dtype': dtype}

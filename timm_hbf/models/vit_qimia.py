@@ -47,7 +47,15 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_choice, check_count, check_flag, check_number, check_vit_arguments, fail
+from .._checks import (
+    check_choice,
+    check_count,
+    check_divisor,
+    check_flag,
+    check_number,
+    check_vit_arguments,
+    fail,
+)
 from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
 from ..layers.hyperbf_attention import check_one_mask
 from ._builder import build_vit, cifar10_weights, vit_cfg
@@ -172,8 +180,7 @@ def _check_arguments(args: Dict[str, Any]) -> None:
                           ('value_norm', VALUE_NORMS), ('weight_init', ('', 'skip'))):
         check_choice(name, args[name], choices)
     embed_dim, key_dim = args['embed_dim'], args['key_dim']
-    if embed_dim % args['num_heads']:
-        fail('num_heads', args['num_heads'], f'a divisor of embed_dim ({embed_dim})')
+    check_divisor('num_heads', args['num_heads'], 'embed_dim', embed_dim)
     if args['global_pool'] == 'token' and not args['class_token']:
         fail('global_pool', 'token', f"one of {GLOBAL_POOLS[2:]} without a class token (class_token=False)")
     if args['keys_from_values'] and key_dim not in (None, embed_dim):
@@ -280,8 +287,8 @@ class VisionTransformerQimia(nn.Module):
             attn_drop_rate: float = 0.,
             drop_path_rate: float = 0.,
             weight_init: str = '',
-            device=None,
-            dtype=None,
+            device: torch.types.Device = None,
+            dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         _check_arguments(locals())
