@@ -29,7 +29,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import timm
 import torch
-from throughput import device_name, sync  # this folder's speed benchmark: the same device name and timing
+from throughput import check_counts, check_device, device_name, sync  # the speed benchmark's checks and timing
 
 import timm_hbf
 from timm_hbf.layers.hyperbf_attention import gaussian_sdpa
@@ -125,13 +125,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--warmup', type=int, default=3)
     parser.add_argument('--json', help='write the environment and every round here')
     args = parser.parse_args(argv)
-    for name in ('batch_size', 'rounds', 'steps'):
-        if getattr(args, name) < 1:
-            parser.error(f'--{name.replace("_", "-")} must be at least 1, got {getattr(args, name)}')
-    if args.warmup < 0:
-        parser.error(f'--warmup must be at least 0, got {args.warmup}')
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
-        parser.error(f'--device {args.device}: this torch sees no CUDA device; measure on the CPU with --device cpu')
+    check_counts(parser, args, batch_size=1, rounds=1, steps=1, warmup=0)
+    check_device(parser, args.device)
     args.dtype = torch.bfloat16 if args.amp else torch.float32
     args.argv = list(sys.argv[1:] if argv is None else argv)
     return args

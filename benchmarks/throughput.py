@@ -451,20 +451,30 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f'--variants takes KEY=VALUE[,KEY=VALUE] items, got {" ".join(args.variants)}')
     if args.json:
         check_json(parser, args.json)
-    for flag, low in (('batch_size', 1), ('attention_dim', 1), ('threads', 1), ('warmup', 0), ('steps', 1),
-                      ('rounds', 1)):
-        value = getattr(args, flag)
-        if value is not None and value < low:
-            parser.error(f"--{flag.replace('_', '-')} must be an integer >= {low}, got {value}")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as e:
-        parser.error(f'--device {args.device}: not a device torch knows ({e})')
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        parser.error(f'--device {args.device}: torch sees no CUDA device here (measure on the CPU with --device cpu)')
+    check_counts(parser, args, batch_size=1, attention_dim=1, threads=1, warmup=0, steps=1, rounds=1)
+    check_device(parser, args.device)
     args.variants = {variant: {k: literal(v) for k, v in (kv.split('=', 1) for kv in variant.split(','))}
                      for variant in args.variants}
     return args
+
+
+def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, **lowest: int) -> None:
+    """``parser.error`` for the first integer argument ``lowest`` names (by dest) that is below its lowest value
+    (None, an argument left out, passes)."""
+    for dest, low in lowest.items():
+        value = getattr(args, dest)
+        if value is not None and value < low:
+            parser.error(f"--{dest.replace('_', '-')} must be an integer >= {low}, got {value}")
+
+
+def check_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """``parser.error`` unless torch knows ``--device`` and, for CUDA, sees a GPU."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        parser.error(f'--device {device}: not a device torch knows ({e})')
+    if kind == 'cuda' and not torch.cuda.is_available():
+        parser.error(f'--device {device}: torch sees no CUDA device here (measure on the CPU with --device cpu)')
 
 
 def check_json(parser: argparse.ArgumentParser, path: str) -> None:

@@ -59,8 +59,9 @@ def test_a_model_without_hyperbf_attention_is_refused_by_name(script, argv, mess
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--rounds', '0'], '--rounds must be at least 1, got 0'),
-    (['--warmup', '-1'], '--warmup must be at least 0, got -1'),
+    (['--rounds', '0'], '--rounds must be an integer >= 1, got 0'),
+    (['--warmup', '-1'], '--warmup must be an integer >= 0, got -1'),
+    (['--device', 'tpu:x'], '--device tpu:x: not a device torch knows'),
 ])
 def test_counts_out_of_range_are_usage_errors(script, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
