@@ -12,14 +12,15 @@ the median over rounds of the padded attention's time over the unpadded one's in
 Memory: the bytes autograd keeps for the backward pass (the storages of the tensors it saves, the parameters left
 out), of one attention call either way and of one whole training forward pass of the model as built (padded): the
 padding's share of what a training step keeps is the difference of the calls times the model's depth over that
-total. ``--json PATH`` writes
-the environment (device, versions, command, date) and every round.
+total. ``--json PATH`` writes the environment (device, versions, command, date) and every round, with the Markdown
+table beside it (``.md``).
 
-    python benchmarks/head_padding.py --json benchmarks/results/cpu_head_padding.json
-    python benchmarks/head_padding.py --device cuda --amp --batch-size 1024 --json head_padding_h200.json
+    python benchmarks/head_padding.py --rounds 15 --steps 30 --json benchmarks/results/cpu_head_padding.json
+    python benchmarks/head_padding.py --device cuda --amp --batch-size 1024 --rounds 15 --steps 30 --json padding.json
 """
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -29,7 +30,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import timm
 import torch
-from throughput import check_counts, check_device, device_name, sync  # the speed benchmark's checks and timing
+from throughput import check_counts, check_device, check_json, device_name, sync  # the speed benchmark's
 
 import timm_hbf
 from timm_hbf.layers.hyperbf_attention import gaussian_sdpa
@@ -113,6 +114,26 @@ def memory(model: torch.nn.Module, shape: List[int], args) -> Dict[str, int]:
     return found
 
 
+def report(record: dict) -> str:
+    """The record as Markdown: its command and environment, then a table of the medians and the memory."""
+    env, saved = record['environment'], record['saved_bytes']
+    lines = [f"`{env['command']}`", '',
+             f"{env['device']}, {env['threads']} threads, torch {env['torch']}, timm {env['timm']}, {env['date']}", '',
+             f"{record['model']}'s attention, q, k and v {tuple(record['attention_shape'])}, {record['dtype']}:", '',
+             '| | padded | unpadded | padded / unpadded (range over rounds) |', '|---|---|---|---|']
+    for mode, name in (('infer', 'inference'), ('train', 'training (forward and backward)')):
+        rounds, ratio = record['seconds_per_call'][mode], record['time_ratio'][mode]
+        lines.append(f"| {name}, ms a call (median) | {1e3 * statistics.median(rounds['padded']):.2f} | "
+                     f"{1e3 * statistics.median(rounds['unpadded']):.2f} | "
+                     f"{ratio['median']:.3f} ({ratio['low']:.3f}-{ratio['high']:.3f}) |")
+    padded, unpadded = saved['attention, padded'], saved['attention, unpadded']
+    lines += [f'| kept for backward, MiB a call | {padded / 2**20:.2f} | {unpadded / 2**20:.2f} | '
+              f'{padded / unpadded:.3f} |', '',
+              f"The padding adds {100 * record['padding_share_of_training_memory']:.2f} % to the "
+              f"{saved['model training step'] / 2**20:.1f} MiB a training step keeps for its backward pass."]
+    return '\n'.join(lines) + '\n'
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='vit_hyperbf_tiny',
@@ -123,10 +144,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--steps', type=int, default=10, help='timed calls per round')
     parser.add_argument('--warmup', type=int, default=3)
-    parser.add_argument('--json', help='write the environment and every round here')
+    parser.add_argument('--json', help='write the environment and every round here (and the table beside it, .md)')
     args = parser.parse_args(argv)
     check_counts(parser, args, batch_size=1, rounds=1, steps=1, warmup=0)
     check_device(parser, args.device)
+    if args.json:
+        check_json(parser, args.json)
     args.dtype = torch.bfloat16 if args.amp else torch.float32
     args.argv = list(sys.argv[1:] if argv is None else argv)
     return args
@@ -156,16 +179,14 @@ def main(argv: Optional[List[str]] = None) -> dict:
         time_ratio={mode: dict(median=statistics.median(r), low=min(r), high=max(r)) for mode, r in ratios.items()},
         saved_bytes=saved, padding_share_of_training_memory=added / saved['model training step'],
     )
-    for mode, ratio in record['time_ratio'].items():
-        print(f'{mode}: padded / unpadded time {ratio["median"]:.3f} (range {ratio["low"]:.3f}-{ratio["high"]:.3f})')
-    print(f'kept for backward: attention {saved["attention, padded"] / 2**20:.2f} MiB padded, '
-          f'{saved["attention, unpadded"] / 2**20:.2f} MiB unpadded; the padding adds '
-          f'{100 * record["padding_share_of_training_memory"]:.2f} % to the {saved["model training step"] / 2**20:.1f} '
-          f'MiB of a {args.model} training step')
+    table = report(record)
+    print(table, end='')
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(record, f, indent=2)
             f.write('\n')
+        with open(os.path.splitext(args.json)[0] + '.md', 'w') as f:
+            f.write(table)
     return record
 
 

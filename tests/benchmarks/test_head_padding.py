@@ -39,6 +39,10 @@ def test_a_run_records_rounds_ratios_and_memory_at_the_models_attention_shape(sc
     assert saved['attention, padded'] - saved['attention, unpadded'] == 4 * 7 * per_head_row
     assert record['padding_share_of_training_memory'] == pytest.approx(
         12 * 4 * 7 * per_head_row / saved['model training step'])
+    table = (tmp_path / 'padding.md').read_text()
+    assert table.startswith(f"`{record['environment']['command']}`")
+    assert "| training (forward and backward), ms a call (median) |" in table
+    assert f"{record['time_ratio']['train']['median']:.3f}" in table
 
 
 def test_saved_bytes_counts_each_storage_once_and_leaves_the_parameters_out(script):
@@ -62,8 +66,11 @@ def test_a_model_without_hyperbf_attention_is_refused_by_name(script, argv, mess
     (['--rounds', '0'], '--rounds must be an integer >= 1, got 0'),
     (['--warmup', '-1'], '--warmup must be an integer >= 0, got -1'),
     (['--device', 'tpu:x'], '--device tpu:x: not a device torch knows'),
+    (['--json', '{tmp}'], '--json {tmp}: {tmp} is a folder: name a file'),
 ])
-def test_counts_out_of_range_are_usage_errors(script, capsys, argv, message):
+def test_arguments_it_cannot_use_are_usage_errors_before_anything_is_measured(script, capsys, tmp_path, argv, message):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    message = message.format(tmp=tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         script.main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
