@@ -56,7 +56,8 @@ def model_card(
         '---\n' + yaml.safe_dump(front, sort_keys=False) + '---',
         f'# Model card for {repo_id}',
         f'A `{train.arch}` image classifier trained with timm\'s `train.py` and pushed with timm-hbf, which '
-        'registers HyperBF and QIMIA Vision Transformers with [timm](https://github.com/huggingface/pytorch-image-models).',
+        'registers HyperBF and QIMIA Vision Transformers with '
+        '[timm](https://github.com/huggingface/pytorch-image-models).',
         _usage(repo_id, label_names, model.num_classes),
         _details(train, model, label_names),
         _recipe(train.args),
