@@ -65,8 +65,10 @@ def gaussian_sdpa(
     keys = [(2. * gamma * k).to(k.dtype), key_term.to(k.dtype)]
     if k.dtype == torch.float16 or k.dtype == torch.bfloat16:
         keys.append((key_term - keys[1]).to(k.dtype))
+    # zeros up to the multiple, in the same concatenation (no second copy of the keys): whatever q holds there adds
+    # nothing
+    keys.append(k.new_zeros(list(k.shape[:-1]) + [-(dim + len(keys) - 1) % channel_multiple]))
     k = torch.cat(keys, dim=-1)
-    k = F.pad(k, (0, -k.shape[-1] % channel_multiple))  # zeros: whatever q holds there adds nothing
     extra = k.shape[-1] - dim
     q = F.pad(q, (0, extra), value=1.)
     v = F.pad(v, (0, extra))
