@@ -65,9 +65,9 @@ def gaussian_sdpa(
     keys = [(2. * gamma * k).to(k.dtype), key_term.to(k.dtype)]
     if k.dtype == torch.float16 or k.dtype == torch.bfloat16:
         keys.append((key_term - keys[1]).to(k.dtype))
-    # zeros up to the multiple, in the same concatenation (no second copy of the keys): whatever q holds there adds
-    # nothing
-    keys.append(k.new_zeros(list(k.shape[:-1]) + [-(dim + len(keys) - 1) % channel_multiple]))
+    width = dim + len(keys) - 1  # the head's channels and the key-norm ones
+    # zeros up to the multiple, in the one concatenation (no second copy of the keys): q's ones there add nothing
+    keys.append(k.new_zeros(list(k.shape[:-1]) + [-width % channel_multiple]))
     k = torch.cat(keys, dim=-1)
     extra = k.shape[-1] - dim
     q = F.pad(q, (0, extra), value=1.)
