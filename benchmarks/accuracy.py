@@ -105,7 +105,7 @@ def model_spec(spec: str) -> Tuple[str, Dict[str, str]]:
     name, _, options = spec.partition(':')
     pairs = [option.split('=', 1) for option in options.split(',') if option]
     if not name or any(len(pair) != 2 or not pair[0] for pair in pairs):
-        raise SystemExit(f'--models {spec}: expected NAME or NAME:KEY=VALUE[,KEY=VALUE...], such as '
+        raise ValueError(f'--models {spec}: expected NAME or NAME:KEY=VALUE[,KEY=VALUE...], such as '
                          'vit_qimia_tiny:keys_from_values=True,depth_num_heads=1')
     return name, dict(pairs)
 
@@ -282,6 +282,32 @@ def plot(runs: List[Dict], title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` (exit status 2, the usage line) for the first argument the runs cannot start with, before any
+    data is split."""
+    owned = [a for a in args.train_args if a.split('=', 1)[0] in SPLIT_ARGS]
+    if owned:
+        parser.error(f'{" ".join(owned)} after --: the script splits the data itself (train/, val/ held out of '
+                     f'the training images, {args.test_split}/ measured once); give --data and --test-split.')
+    for script in ('train.py', 'validate.py'):
+        if not (Path(args.scripts) / script).is_file():
+            parser.error(f"--scripts {args.scripts}: no {script}. It is in timm's git repository: "
+                         'git clone https://github.com/huggingface/pytorch-image-models')
+    if not Path(args.recipe).is_file():
+        parser.error(f'--recipe {args.recipe}: no such file (the recipes are in {SHORT_RECIPE.parents[1]}).')
+    for model in args.models:
+        try:
+            name, _ = model_spec(model)
+        except ValueError as e:
+            parser.error(str(e))
+        if not timm.is_model(name):
+            parser.error(f'--models {model}: timm has no model {name} (timm.list_models() lists those it has, '
+                         'ours among them).')
+    for flag in ('jobs', 'val_per_class', 'train_per_class'):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(args, flag)}.")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     given = list(sys.argv[1:] if argv is None else argv)
     split = given.index('--') if '--' in given else len(given)
@@ -300,24 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser.add_argument('--out', default=str(ROOT / 'benchmarks' / 'results' / 'accuracy'))
     args = parser.parse_args(given[:split])
     args.train_args = given[split + 1:]
-    owned = [a for a in args.train_args if a.split('=', 1)[0] in SPLIT_ARGS]
-    if owned:
-        raise SystemExit(f'{" ".join(owned)} after --: the script splits the data itself (train/, val/ held out of '
-                         f'the training images, {args.test_split}/ measured once); give --data and --test-split.')
-    for script in ('train.py', 'validate.py'):
-        if not (Path(args.scripts) / script).is_file():
-            raise SystemExit(f"--scripts {args.scripts}: no {script}. It is in timm's git repository: "
-                             'git clone https://github.com/huggingface/pytorch-image-models')
-    if not Path(args.recipe).is_file():
-        raise SystemExit(f'--recipe {args.recipe}: no such file (the recipes are in {SHORT_RECIPE.parents[1]}).')
-    for model in args.models:
-        name, _ = model_spec(model)
-        if not timm.is_model(name):
-            raise SystemExit(f'--models {model}: timm has no model {name} (timm.list_models() lists those it has, '
-                             'ours among them).')
-    for flag in ('jobs', 'val_per_class', 'train_per_class'):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(args, flag)}.")
+    check_arguments(parser, args)
     out = Path(args.out)
     if (out / 'data').exists():  # before an earlier run's records are read against it
         check_made_here(Path(args.data), out / 'data')

@@ -6,6 +6,7 @@ tests give the script two stand-ins that record their arguments and write what t
 (``args.yaml``, ``summary.csv``, a checkpoint, the results JSON)."""
 import argparse
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -204,17 +205,8 @@ def test_the_split_is_made_anew_only_where_it_holds_links_alone(cifar10_sample, 
     assert mine.read_text() == 'mine'
 
 
-@pytest.mark.parametrize('problem, match', [
-    ('recipe', r'--recipe .*nope.yaml: no such file \(the recipes are in .*recipes\)'),
-    ('scripts', r'no train.py.*git clone'),
-    ('data', r'expected an ImageFolder layout with train/ and test/'),
-    ('val', r'--val-per-class 100 leaves no training image of class airplane'),
-    ('variant', r'--models vit_qimia_tiny:depth: expected NAME or NAME:KEY=VALUE'),
-    ('model', r'--models vit_qimia_tyni: timm has no model vit_qimia_tyni \(timm.list_models\(\) lists'),
-    ('jobs', r'--jobs must be an integer >= 1, got 0'),
-    ('split', r'--val-split after --: the script splits the data itself .* give --data and --test-split'),
-])
-def test_bad_input_names_the_fix(problem, match, cifar10_sample, scripts, tmp_path):
+def run_with(problem, cifar10_sample, scripts, tmp_path):
+    """The script on the sample with one bad input, ``problem``."""
     argv = dict(scripts=scripts, data=cifar10_sample, recipe=MODERN, val='10', model='vit_hyperbf_tiny')
     argv.update({'recipe': dict(recipe=tmp_path / 'nope.yaml'), 'scripts': dict(scripts=tmp_path),
                  'data': dict(data=cifar10_sample / 'train'), 'val': dict(val='100'),
@@ -222,6 +214,31 @@ def test_bad_input_names_the_fix(problem, match, cifar10_sample, scripts, tmp_pa
                  'jobs': {}}[problem])
     train_args = ['--', '--val-split', 'test'] if problem == 'split' else []
     train_args = ['--jobs', '0'] if problem == 'jobs' else train_args
+    accuracy('--scripts', str(argv['scripts']), '--data', str(argv['data']), '--recipe', str(argv['recipe']),
+             '--val-per-class', argv['val'], '--models', argv['model'], '--out', str(tmp_path / 'out'), *train_args)
+
+
+@pytest.mark.parametrize('problem, message', [
+    ('recipe', r'--recipe .*nope.yaml: no such file \(the recipes are in .*recipes\)'),
+    ('scripts', r'--scripts .*: no train.py. It is in timm.s git repository: git clone'),
+    ('variant', r'--models vit_qimia_tiny:depth: expected NAME or NAME:KEY=VALUE'),
+    ('model', r'--models vit_qimia_tyni: timm has no model vit_qimia_tyni \(timm.list_models\(\) lists'),
+    ('jobs', r'--jobs must be an integer >= 1, got 0'),
+    ('split', r'--val-split after --: the script splits the data itself .* give --data and --test-split'),
+])
+def test_arguments_it_cannot_run_with_are_usage_errors_that_name_the_fix(problem, message, cifar10_sample, scripts,
+                                                                          capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        run_with(problem, cifar10_sample, scripts, tmp_path)
+    assert exit_info.value.code == 2
+    assert re.search(f'error: {message}', capsys.readouterr().err)
+    assert not (tmp_path / 'out').exists()  # nothing split, nothing written
+
+
+@pytest.mark.parametrize('problem, match', [
+    ('data', r'expected an ImageFolder layout with train/ and test/'),
+    ('val', r'--val-per-class 100 leaves no training image of class airplane'),
+])
+def test_data_it_cannot_split_stops_the_script_with_the_fix(problem, match, cifar10_sample, scripts, tmp_path):
     with pytest.raises(SystemExit, match=match):
-        accuracy('--scripts', str(argv['scripts']), '--data', str(argv['data']), '--recipe', str(argv['recipe']),
-                 '--val-per-class', argv['val'], '--models', argv['model'], '--out', str(tmp_path / 'out'), *train_args)
+        run_with(problem, cifar10_sample, scripts, tmp_path)
