@@ -46,6 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import timm
 import torch
 import yaml
+from throughput import check_counts  # the speed benchmark's, beside this script
 
 import timm_hbf
 from timm_hbf.hub import read_summary
@@ -303,9 +304,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if not timm.is_model(name):
             parser.error(f'--models {model}: timm has no model {name} (timm.list_models() lists those it has, '
                          'ours among them).')
-    for flag in ('jobs', 'val_per_class', 'train_per_class'):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(args, flag)}.")
+    check_counts(parser, args, jobs=1, val_per_class=1, train_per_class=1)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:

@@ -2,7 +2,6 @@
 unpadded, timed in interleaved rounds, and what either keeps for the backward pass."""
 import json
 import statistics
-import sys
 
 import pytest
 import torch
@@ -14,11 +13,8 @@ BENCHMARKS = ROOT / 'benchmarks'
 
 @pytest.fixture(scope='module')
 def script():
-    """The script as a module, with its folder on ``sys.path`` for ``throughput``, which it imports."""
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.syspath_prepend(str(BENCHMARKS))
-        yield load_module(BENCHMARKS / 'head_padding.py')
-    sys.modules.pop('throughput', None)
+    """The script as a module."""
+    return load_module(BENCHMARKS / 'head_padding.py')
 
 
 def test_a_run_records_rounds_ratios_and_memory_at_the_models_attention_shape(script, tmp_path):
