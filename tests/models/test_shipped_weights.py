@@ -24,6 +24,7 @@ CPU_RUNS_30EP = ROOT / 'benchmarks' / 'results' / 'cifar10_30ep_cpu'
 # correctly (counted when they were made, with examples/classify_cifar10.py; float32 model, timm's eval transform)
 SHIPPED = {
     'vit_attnres_block_tiny.cifar10_short': (CPU_RUNS, 140),
+    'vit_attnres_tiny.cifar10_30ep': (CPU_RUNS_30EP, 146),
     'vit_attnres_tiny.cifar10_short': (CPU_RUNS, 136),
     'vit_hyperbf_nrbf_tiny.cifar10_100ep': (GPU_RUNS_LR2E3, 144),
     'vit_hyperbf_nrbf_tiny.cifar10_short': (CPU_RUNS, 147),

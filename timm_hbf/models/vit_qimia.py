@@ -739,6 +739,7 @@ default_cfgs = generate_default_cfgs({
     'vit_qimia_tiny_patch16_224.untrained': _cfg(),
     'vit_qimia_small_patch16_224.untrained': _cfg(),
     'vit_qimia_base_patch16_224.untrained': _cfg(),
+    'vit_attnres_tiny.cifar10_30ep': _cfg(cifar10=True, **cifar10_weights('vit_attnres_tiny.cifar10_30ep'), **ATTNRES),
     'vit_attnres_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_attnres_tiny.cifar10_short'),
                                            **ATTNRES),
     'vit_attnres_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
