@@ -1,4 +1,6 @@
-"""The README's quick start runs as written, with a checkpoint of one's own where it names one."""
+"""The README's quick start runs as written, with a checkpoint of one's own where it names one, and its results are
+those its records measured."""
+import json
 import re
 
 import timm
@@ -35,3 +37,14 @@ def test_the_quick_start_lists_every_family_loads_every_shipped_model_and_ones_o
     for key, value in trained.state_dict().items():
         assert torch.equal(scope['model'].state_dict()[key], value), key
 
+
+
+def test_the_30_epoch_cpu_table_gives_each_run_the_test_top1_its_record_measured():
+    readme = (ROOT / 'README.md').read_text().splitlines()
+    runs = sorted((ROOT / 'benchmarks' / 'results' / 'cifar10_30ep_cpu' / 'runs').glob('*/test.json'))
+    assert len(runs) == 4
+    for test_json in runs:
+        measured = json.loads(test_json.read_text())
+        name = 'timm ViT-Ti, patch 4' if measured['model'] == 'vit_tiny_patch16_224' else f"`{measured['model']}`"
+        rows = [line for line in readme if line.startswith(f'| {name} | ') and ' | 30 | ' in line]
+        assert any(f"| {measured['top1']:.2f} %" in row for row in rows), test_json.parent.name
