@@ -38,7 +38,6 @@ def test_the_quick_start_lists_every_family_loads_every_shipped_model_and_ones_o
         assert torch.equal(scope['model'].state_dict()[key], value), key
 
 
-
 def test_the_30_epoch_cpu_table_gives_each_run_the_test_top1_its_record_measured():
     readme = (ROOT / 'README.md').read_text().splitlines()
     runs = sorted((ROOT / 'benchmarks' / 'results' / 'cifar10_30ep_cpu' / 'runs').glob('*/test.json'))
