@@ -1,5 +1,5 @@
 """Draw where a QIMIA or AttnRes model's sublayers read from: the mean depth-attention matrix (read x memory entry)
-as a heatmap, from ``timm_hbf.models.vit_qimia.depth_attention_stats``.
+as a heatmap (:func:`depth_attention_stats`).
 
     python examples/depth_attention_heatmap.py --model vit_qimia_tiny --pretrained --out heatmap.png
     python examples/depth_attention_heatmap.py --checkpoint output/train_cifar10/vit_qimia_tiny/last.pth.tar \\
@@ -18,12 +18,78 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
+import torch
 from script_checks import check_output
 from train_cifar10 import add_model_arguments, check_model_arguments, model_and_test_images
 
-from timm_hbf.models.vit_qimia import VisionTransformerQimia, depth_attention_stats
+from timm_hbf.layers import depth_weights, normalized_entropy
+from timm_hbf.models import VisionTransformerQimia
+
+
+@torch.no_grad()
+def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dict[str, Any]:
+    """Where a model's reads attend, for a batch ``x``, in eval mode (the model's mode is kept), float32 on the CPU:
+
+    * ``matrix``: ``(reads, entries)``, the mean weight of each read (rows: every sublayer, then the output read) on
+      each entry (columns); NaN where the read does not see the entry (not yet written, or merged into a summary in
+      block memory: a summary is named by its newest member). A sublayer that takes a single entry weighs it 1.
+    * ``entropy``: ``(reads,)``, the report's entropy metric: the mean normalised entropy of the weights (1: the
+      uniform average, as a residual stream; 0: one entry);
+    * ``query_norm``: ``(reads,)``, the norm of each read's query;
+    * ``readers`` and ``entries``: row and column names.
+
+    The weights are Eq. 1's softmax over the entries each read sees, recomputed from the entries the forward pass
+    wrote (the model itself keeps only their sums).
+    """
+    sublayers = [(f'{i}.{part}', getattr(layer, part)) for i, layer in enumerate(model.blocks)
+                 for part in ('attn', 'mlp')]
+    written = []
+    hooks = [block.register_forward_hook(lambda m, args, memory: written.append((memory.key, memory.value)))
+             for _, block in sublayers]
+    was_training = model.training
+    try:
+        model.eval()
+        stem = model.embed(x)
+        model.forward_features(x)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    read_out = model.read_out
+    entries = [(read_out.key(value if key is None else key), value) for key, value in stem]
+    names = (['null'] if model.null_value is not None else []) + (['embed'] if model.sublayer_values else
+                                                                   ['patch', 'pos'])
+    columns = list(range(len(names)))  # the columns of the entries that a read sees
+    reads = []  # (read, columns it sees, stored keys it sees)
+    written_key = None  # the running summary's key, in block memory
+    for (name, block), entry in zip(sublayers, written):
+        merged = block.position > 0
+        reads.append((block.read if block.reads else None, columns + ([len(names) - 1] if merged else []),
+                      [k for k, _ in entries] + ([written_key] if merged else [])))
+        if merged:
+            names[-1] = name  # the running summary, named by its newest member
+        else:
+            names.append(name)
+        written_key = entry[0]
+        if block.commit:
+            entries.append(entry)
+            columns = columns + [len(names) - 1]
+    reads.append((read_out, columns + ([len(names) - 1] if model.out_merge else []),
+                  [k for k, _ in entries] + ([written_key] if model.out_merge else [])))
+    matrix = torch.full((len(reads), len(names)), math.nan)
+    entropy, query_norm = [], []
+    for row, (read, cols, keys) in enumerate(reads):
+        if read is None:  # takes the one entry there is
+            weights = torch.ones(1, 1)
+        else:
+            weights = depth_weights(read.memory_query(), keys, read.rms_logits).float().cpu()
+        matrix[row, cols] = weights.reshape(-1, len(cols)).mean(0)
+        entropy.append(normalized_entropy(weights))
+        query_norm.append(read.query.float().norm().cpu() if read is not None else torch.zeros(()))
+    return dict(matrix=matrix, entropy=torch.stack(entropy), query_norm=torch.stack(query_norm),
+                readers=[name for name, _ in sublayers] + ['out'], entries=names)
 
 
 def picture_path(parser: argparse.ArgumentParser, out: str) -> Path:

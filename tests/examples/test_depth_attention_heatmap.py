@@ -87,3 +87,18 @@ def test_bad_arguments_exit_with_one_line_before_anything_is_computed(argv, mess
     monkeypatch.setattr(heatmap_script, 'model_and_test_images', None)  # a computation would fail here
     assert f"error: {message.replace('OUT', str(out))}" in usage_error(lambda: heatmap_script.main(argv))
     assert list(out.iterdir()) == []
+
+
+def test_block_memory_shows_which_summaries_each_read_sees(heatmap_script, cifar10_sample):
+    import timm
+    model = timm.create_model('vit_qimia_tiny', depth=2, memory_block_size=2)
+    stats = heatmap_script.depth_attention_stats(model, torch.randn(2, 3, 32, 32))
+    assert stats['entries'] == ['patch', 'pos', '0.mlp', '1.mlp']  # summaries, named by their newest member
+    #                                          patch  pos    0.mlp  1.mlp
+    assert stats['matrix'].isfinite().tolist() == [[True, True, False, False],  # 0.attn
+                                                   [True, True, True, False],   # 0.mlp: block 0 so far
+                                                   [True, True, True, False],   # 1.attn: the finished summary
+                                                   [True, True, True, True],    # 1.mlp
+                                                   [True, True, True, True]]    # out
+    torch.testing.assert_close(stats['matrix'].nansum(1), torch.ones(5))
+    torch.testing.assert_close(stats['entropy'], torch.ones(5))

@@ -1,11 +1,14 @@
-"""Attention over depth: the read of report Eq. 1-2 over a memory of entries, how entries are stored and written."""
+"""Attention over depth: the read of report Eq. 1-2 over a memory of entries, how entries are stored and written,
+and the memory's online sums, whose cost does not grow with the number of entries."""
+import collections
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from timm_hbf.layers import DepthAttention, normalized_entropy
+from timm_hbf.layers import DepthAttention, DepthMemory, depth_logits, depth_weights, normalized_entropy
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, dtype=torch.float64, shared=False, seed=0):
@@ -18,6 +21,19 @@ def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, dtype=torch.fl
     keys = [torch.randn(*s, key_width, generator=g, dtype=dtype) for s in shapes]
     values = [torch.randn(*s, dim, generator=g, dtype=dtype) for s in shapes]
     return keys, values
+
+
+def read_entries(read, keys, values, keep=None, merge_last=False):
+    """Write the entries into a memory for ``read``'s query alone (the last merged into a running summary, not
+    committed, with ``merge_last``), then read it."""
+    queries = read.memory_query()
+    memory = read.start(queries, keep, values[-1] if values[-1].dim() == 3 else values[0])
+    for i, (key, value) in enumerate(zip(keys, values)):
+        last = merge_last and i == len(keys) - 1
+        memory = read.write(memory, key, value, commit=not last)
+    out, rest = read(memory, merge=merge_last)
+    assert rest.queries.shape[-1] == 0  # the read is taken from the memory
+    return out
 
 
 def explicit_read(query, keys, values, batch=2, tokens=3):
@@ -48,7 +64,7 @@ def read_with_query(heads=2, key_dim=8, dtype=torch.float64, seed=1, **kwargs):
 
 def test_zero_query_reads_the_uniform_average_of_the_entries():
     keys, values = memory(dtype=torch.float32)
-    out = DepthAttention(8, num_heads=2)(keys, values)
+    out = read_entries(DepthAttention(8, num_heads=2), keys, values)
     torch.testing.assert_close(out, torch.stack(values).mean(0), rtol=0, atol=1e-6)
 
 
@@ -58,30 +74,82 @@ def test_read_matches_the_equation_with_heads_splitting_keys_and_values(grad, sh
     keys, values = memory(shared=shared)
     read = read_with_query()
     with torch.set_grad_enabled(grad):
-        out = read(keys, values)
+        out = read_entries(read, keys, values)
     torch.testing.assert_close(out, explicit_read(read.query.detach(), keys, values))
 
 
 def test_an_empty_batch_reads_nothing():
     keys, values = memory(batch=0, shared=True)
-    assert read_with_query()(keys, values).shape == (0, 3, 12)
+    assert read_entries(read_with_query(), keys, values).shape == (0, 3, 12)
 
 
 def test_weights_are_the_softmax_over_entries_in_float32_entries_last():
     keys, _ = memory(dtype=torch.bfloat16, shared=True)
-    weights = read_with_query(dtype=torch.float32).weights(keys)
-    assert weights.shape == (2, 3, 2, 5) and weights.dtype == torch.float32
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 2))
+    weights = depth_weights(read_with_query(dtype=torch.float32).memory_query(), keys)
+    assert weights.shape == (2, 3, 2, 1, 5) and weights.dtype == torch.float32
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 2, 1))
+
+
+@pytest.mark.parametrize('shared', [False, True])
+def test_a_read_merges_the_running_summary_as_one_more_entry(shared):
+    keys, values = memory(shared=shared)
+    read = read_with_query()
+    torch.testing.assert_close(read_entries(read, keys, values, merge_last=True),
+                               explicit_read(read.query.detach(), keys, values))
+
+
+def test_the_memory_keeps_sums_for_every_read_to_come_and_each_read_takes_its_own():
+    """Three reads with their own queries, over the entries written before each."""
+    reads = [read_with_query(seed=seed) for seed in (1, 2, 3)]
+    keys, values = memory(num_entries=4)
+    memory_ = reads[0].start(torch.cat([r.memory_query() for r in reads], -1), None, values[0])
+    for i, read in enumerate(reads):
+        memory_ = read.write(memory_, keys[i], values[i])
+        out, memory_ = read(memory_)
+        torch.testing.assert_close(out, explicit_read(read.query.detach(), keys[:i + 1], values[:i + 1]))
+
+
+class OpCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count[func] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('merge', [False, True])
+def test_a_write_and_a_read_take_as_many_operations_whatever_the_number_of_entries(merge):
+    """Forward and backward: a read is not a loop over the entries."""
+    counts = []
+    for num in (3, 12):
+        read = read_with_query(dtype=torch.float32)
+        keys, values = memory(num_entries=num, dtype=torch.float32)
+        values = [v.requires_grad_() for v in values]
+        queries = read.memory_query().expand(-1, -1, 4)  # this read and three later ones
+        state = read.start(queries, None, values[0])
+        for key, value in zip(keys[:-1], values[:-1]):
+            state = read.write(state, key, value)
+        # the sums so far as leaves: the backward pass counted is this write's and this read's alone
+        state = DepthMemory(state.queries, None, *(t.detach().requires_grad_(t.requires_grad) for t in state[2:]))
+        with OpCount() as ops:
+            state = read.write(state, keys[-1], values[-1], commit=not merge)
+            out, _ = read(state, merge=merge)
+            out.sum().backward()
+        counts.append(sum(ops.count.values()))
+    assert counts[0] == counts[1]
 
 
 def test_path_dropout_drops_weights_in_training_only():
     keys, values = memory(dtype=torch.float32)
     read = DepthAttention(8, 2, path_drop=.5)
+    keep = torch.tensor([.5])
     mean = torch.stack(values).mean(0)
     torch.manual_seed(0)
-    assert not torch.allclose(read(keys, values), mean)
+    assert not torch.allclose(read_entries(read, keys, values, keep), mean)
     read.eval()
-    torch.testing.assert_close(read(keys, values), mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(read_entries(read, keys, values, keep), mean, rtol=0, atol=1e-6)
 
 
 # --- dtypes ---------------------------------------------------------------------------------------------------------
@@ -92,7 +160,7 @@ def test_bf16_entries_are_summed_in_float32_under_autocast():
     keys, values = memory(num_entries=9, dtype=torch.bfloat16)
     values = [v * 50 + 300 for v in values]  # large values: bf16 keeps ~2 digits of them
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = DepthAttention(8, 2)(keys, values)  # zero queries: uniform weights, exact in any dtype
+        out = read_entries(DepthAttention(8, 2), keys, values)  # zero queries: uniform weights, exact in any dtype
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, torch.stack([v.float() for v in values]).mean(0), rtol=1e-6, atol=0)
 
@@ -100,7 +168,7 @@ def test_bf16_entries_are_summed_in_float32_under_autocast():
 def test_reads_in_float64_stay_in_float64():
     keys, values = memory()
     read = read_with_query()
-    assert read(keys, values).dtype == read.weights(keys).dtype == torch.float64
+    assert read_entries(read, keys, values).dtype == depth_weights(read.memory_query(), keys).dtype == torch.float64
 
 
 def test_a_bf16_query_gives_a_bf16_result_of_a_float32_sum():
@@ -108,21 +176,24 @@ def test_a_bf16_query_gives_a_bf16_result_of_a_float32_sum():
     keys, values = memory(dtype=torch.bfloat16)
     values = [v * 50 + 300 for v in values]
     read = read_with_query(dtype=torch.bfloat16)
-    out = read(keys, values)
-    expected = read.float()([k.float() for k in keys], [v.float() for v in values])
+    out = read_entries(read, keys, values)
+    expected = read_entries(read.float(), [k.float() for k in keys], [v.float() for v in values])
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
 
 
 # --- stored keys and kernels ----------------------------------------------------------------------------------------
 
-def test_l2_keys_are_unit_per_head_and_rms_keys_have_unit_rms_per_head():
+def test_l2_keys_are_unit_per_head_and_rms_keys_are_stored_as_they_are_and_normalised_in_the_logits():
     k = torch.randn(2, 3, 8) * 5
     unit = DepthAttention(8, 2, key_norm='l2').key(k).unflatten(-1, (2, 4))
     torch.testing.assert_close(unit.norm(dim=-1), torch.ones(2, 3, 2))
-    rms = DepthAttention(8, 2, key_norm='rms').key(k).unflatten(-1, (2, 4))
-    torch.testing.assert_close(rms.pow(2).mean(-1), torch.ones(2, 3, 2), rtol=0, atol=1e-5)
-    torch.testing.assert_close(F.normalize(rms, dim=-1), unit)
+    read = read_with_query(key_norm='rms', dtype=torch.float32)
+    assert read.key(k) is k
+    rms = F.rms_norm(k.unflatten(-1, (2, 4)), [4], eps=1e-6).flatten(-2)
+    query = read.memory_query()
+    torch.testing.assert_close(depth_logits(k, query, rms=True), depth_logits(rms, query))
+    torch.testing.assert_close(F.normalize(rms.unflatten(-1, (2, 4)), dim=-1), unit)
 
 
 def gaussian_read(key_norm=''):
@@ -144,7 +215,7 @@ def gaussian_expected(query, raw_keys, values, gamma, key_norm=''):
 def test_gaussian_kernel_reads_softmax_of_negative_squared_distances():
     read, raw_keys, values = gaussian_read()
     expected = gaussian_expected(read.query, raw_keys, values, torch.tensor([.3, .7], dtype=torch.float64))
-    torch.testing.assert_close(read([read.key(k) for k in raw_keys], values), expected)
+    torch.testing.assert_close(read_entries(read, raw_keys, values), expected)
 
 
 def test_gaussian_kernel_with_zero_queries_favours_short_keys():
@@ -153,7 +224,7 @@ def test_gaussian_kernel_with_zero_queries_favours_short_keys():
     with torch.no_grad():
         read.query.zero_()
     expected = gaussian_expected(read.query, raw_keys, values, torch.tensor([.3, .7], dtype=torch.float64))
-    out = read([read.key(k) for k in raw_keys], values)
+    out = read_entries(read, raw_keys, values)
     torch.testing.assert_close(out, expected)
     assert not torch.allclose(out, torch.stack(values).mean(0), atol=1e-3)
 
@@ -162,23 +233,30 @@ def test_gaussian_kernel_with_unit_keys_and_zero_queries_reads_the_uniform_avera
     read, raw_keys, values = gaussian_read(key_norm='l2')
     with torch.no_grad():
         read.query.zero_()
-    out = read([read.key(k) for k in raw_keys], values)
+    out = read_entries(read, raw_keys, values)
     torch.testing.assert_close(out, torch.stack(values).mean(0), rtol=0, atol=1e-12)
 
 
 # --- writing: entries and block summaries ---------------------------------------------------------------------------
 
+def summary_memory(read, keys, values):
+    """The first entry alone, then a block of the other two: the second starts it, the third is merged into it."""
+    memory = read.start(read.memory_query(), None, values[0])
+    memory = read.write(memory, keys[0], values[0])
+    memory = read.write(memory, keys[1], values[1], position=0, commit=False)
+    return read.write(memory, keys[2], values[2], position=1, commit=False)
+
+
 @pytest.mark.parametrize('kernel', ['dot', 'gaussian'])
 def test_a_summary_sums_its_values_and_its_logit_is_its_members_mean_logit(kernel):
     read = read_with_query(kernel=kernel)
     (k0, k1, k2), (v0, v1, v2) = memory(num_entries=3)
-    keys, values = read.write([], [], k0, v0, 0)
-    keys, values = read.write(keys, values, k1, v1, 0)  # a memory block starts
-    merged = read.write(keys, values, k2, v2, 1)  # and takes a second member
-    assert len(merged[0]) == 2 and len(keys) == 2 and values[1] is v1  # the lists passed in are left as they are
-    torch.testing.assert_close(merged[1][1], v1 + v2)
-    logits = read.weights(merged[0]).log()
-    members = read.weights([read.key(k0), read.key(k1)]).log(), read.weights([read.key(k0), read.key(k2)]).log()
+    merged = summary_memory(read, [k0, k1, k2], [v0, v1, v2])
+    torch.testing.assert_close(merged.value, v1 + v2)
+    query = read.memory_query()
+    logits = depth_weights(query, [read.key(k0), merged.key]).log()
+    members = depth_weights(query, [read.key(k0), read.key(k1)]).log(), depth_weights(query, [read.key(k0),
+                                                                                           read.key(k2)]).log()
     # softmax logits up to a constant per token and head: compare differences to the first entry
     expected = (members[0][..., 1] - members[0][..., 0] + members[1][..., 1] - members[1][..., 0]) / 2
     torch.testing.assert_close(logits[..., 1] - logits[..., 0], expected)
@@ -186,25 +264,26 @@ def test_a_summary_sums_its_values_and_its_logit_is_its_members_mean_logit(kerne
 
 def test_keys_from_values_are_the_normalised_values_and_a_summary_s_key_that_of_its_sum():
     """AttnRes: k_i = RMSNorm(v_i); in Block AttnRes the key of a block is that of the block's sum."""
-    read = DepthAttention(12, 3, key_norm='rms').double()
+    read = read_with_query(heads=3, key_dim=12, key_norm='rms')
     _, (v0, v1, v2) = memory(num_entries=3)
-    keys, values = read.write([], [], None, v0, 0)
-    keys, values = read.write(keys, values, None, v1, 0)
-    keys, values = read.write(keys, values, None, v2, 1)
-    for key, value in zip(keys, [v0, v1 + v2]):
-        torch.testing.assert_close(key, F.rms_norm(value.unflatten(-1, (3, 4)), [4], eps=1e-6).flatten(-2))
+    merged = summary_memory(read, [None] * 3, [v0, v1, v2])
+    rms = [F.rms_norm(v.unflatten(-1, (3, 4)), [4], eps=1e-6).flatten(-2) for v in (v0, v1 + v2)]
+    query = read.memory_query()
+    torch.testing.assert_close(depth_weights(query, [read.key(v0), merged.key], rms=read.rms_logits),
+                               depth_weights(query, rms))
+    torch.testing.assert_close(read(merged, merge=True)[0], explicit_read(read.query.detach(), rms, [v0, v1 + v2]))
 
 
 def test_summaries_add_up_in_float32_under_autocast():
     """A summary of bf16 entries is their float32 sum, its key the float32 mean of their keys, exactly."""
     read = DepthAttention(8, 2)
-    keys, values = memory(num_entries=2, dtype=torch.bfloat16)
-    values = [values[0] * 50 + 300, values[1]]  # a bf16 sum would round away most of the smaller value
+    keys, values = memory(num_entries=3, dtype=torch.bfloat16)
+    values[1] = values[1] * 50 + 300  # a bf16 sum would round away most of the smaller value
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        summary_keys, summary_values = read.write(keys[:1], values[:1], keys[1], values[1], 1)
-    assert summary_keys[0].dtype == summary_values[0].dtype == torch.float32
-    torch.testing.assert_close(summary_values[0], values[0].float() + values[1].float(), rtol=0, atol=0)
-    torch.testing.assert_close(summary_keys[0], (keys[0].float() + read.key(keys[1]).float()) / 2, rtol=1e-6, atol=0)
+        merged = summary_memory(read, keys, values)
+    assert merged.key.dtype == merged.value.dtype == merged.acc.dtype == torch.float32
+    torch.testing.assert_close(merged.value, values[1].float() + values[2].float(), rtol=0, atol=0)
+    torch.testing.assert_close(merged.key, (keys[1].float() + keys[2].float()) / 2, rtol=1e-6, atol=0)
 
 
 def test_normalized_entropy_is_one_for_uniform_and_zero_for_one_hot():

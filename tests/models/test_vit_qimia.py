@@ -2,24 +2,23 @@
 options, diagnostics, every input a user may give, and timm's API."""
 import inspect
 import json
+from functools import partial
 
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+from timm.data import ImageDataset, create_transform
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import VisionTransformer, save_for_hf
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
-from tests.helpers import ShapeRecorder, compiled_matches_eager, legacy_checkpoint, saved_activation_bytes
-from timm_hbf.models.vit_qimia import (
-    VIT_ARGUMENTS_NOT_TAKEN,
-    VisionTransformerQimia,
-    checkpoint_filter_fn,
-    depth_attention_stats,
-)
+from tests.helpers import compiled_matches_eager, legacy_checkpoint, saved_activation_bytes
+from timm_hbf.layers import DepthAttention, depth_weights, normalized_entropy
+from timm_hbf.models._builder import CIFAR10_MEAN, CIFAR10_STD
+from timm_hbf.models.vit_qimia import VisionTransformerQimia, checkpoint_filter_fn
 
 NAMES = [
     'vit_attnres_block_tiny', 'vit_attnres_block_tiny_patch16_224', 'vit_attnres_tiny', 'vit_attnres_tiny_patch16_224',
@@ -81,16 +80,41 @@ def sublayers(model: VisionTransformerQimia) -> list:
     return [block for layer in model.blocks for block in (layer.attn, layer.mlp)]
 
 
-def record_memory(model: VisionTransformerQimia) -> list:
-    """The memory ``(keys, values)`` that every read sees (the sublayers' reads, then the output read)."""
-    seen = []
-    for read in [block.read for block in sublayers(model)] + [model.read_out]:
-        read.register_forward_pre_hook(lambda m, args: seen.append((list(args[0]), list(args[1]))))
-    return seen
-
-
 def rms_keys(value: torch.Tensor, heads: int = 1) -> torch.Tensor:
     return F.rms_norm(value.unflatten(-1, (heads, -1)), [value.shape[-1] // heads], eps=1e-6).flatten(-2)
+
+
+def eq1(read: DepthAttention, entries: list) -> torch.Tensor:
+    """Eq. 1 over explicit entries (stored key, value): the softmax over all their logits at once, the weighted sum
+    of their values."""
+    weights = depth_weights(read.memory_query(), [k for k, _ in entries], read.rms_logits)[..., 0, :]  # (.., H, L)
+    values = torch.stack(torch.broadcast_tensors(*[v.float() for _, v in entries]), -2)  # (..., L, D)
+    values = values.unflatten(-1, (read.num_heads, -1)).transpose(-3, -2)  # (..., H, L, Dv)
+    return (weights.unsqueeze(-2) @ values).squeeze(-2).flatten(-2)
+
+
+def reference_features(model: VisionTransformerQimia, x: torch.Tensor) -> tuple:
+    """``forward_features`` computed the direct way: every read is :func:`eq1` over the entries it sees (the stem's,
+    the finished block summaries and the current one), a sublayer with no read takes the one entry there is. Also
+    the entries each read saw."""
+    read_out = model.read_out
+    entries = [(read_out.key(v if k is None else k), v) for k, v in model.embed(x)]
+    seen, current = [], None
+    for block in sublayers(model):
+        visible = entries + ([current] if block.position > 0 else [])
+        seen.append(visible)
+        h = block.norm(eq1(block.read, visible) if block.reads else visible[-1][1])
+        h = block.body(h)
+        key, value = None if block.key is None else block.read.key(block.key(h)), block.value(h)
+        if block.position > 0:
+            value = current[1] + value
+            key = None if key is None else (current[0] * block.position + key) / (block.position + 1)
+        current = (block.read.key(value) if key is None else key, value)
+        if block.commit:
+            entries = entries + [current]
+    visible = entries + ([current] if model.out_merge else [])
+    seen.append(visible)
+    return model.norm(eq1(read_out, visible)), seen
 
 
 # --- registry and configurations ------------------------------------------------------------------------------------
@@ -119,7 +143,7 @@ def test_configurations(name, size, patch, width, depth, heads, key_dim, depth_h
     assert model.patch_embed.patch_size == (patch, patch)
     layer = model.blocks[0]
     assert (model.embed_dim, len(model.blocks), layer.attn.body.num_heads) == (width, depth, heads)
-    assert layer.attn.read.query.shape == (depth_heads, key_dim // depth_heads)
+    assert layer.mlp.read.query.shape == (depth_heads, key_dim // depth_heads)
 
 
 def test_attnres_models_set_every_attnres_difference_and_block_attnres_blocks_of_two_layers():
@@ -127,6 +151,9 @@ def test_attnres_models_set_every_attnres_difference_and_block_attnres_blocks_of
     for model in (full, block):
         assert model.patch_key is None and all(b.key is None for b in sublayers(model))  # keys from values
         assert model.sublayer_values
+        # the first sublayer takes the token embedding as it is: no read, no query (AttnRes's first layer)
+        assert [b.reads for b in sublayers(model)] == [False] + [True] * 23
+        assert model.blocks[0].attn.read.query is None and 'blocks.0.attn.read.query' not in model.state_dict()
     assert [b.position for b in sublayers(full)] == [0] * 24
     assert [b.position for b in sublayers(block)] == [0, 1, 2, 3] * 6
 
@@ -138,184 +165,139 @@ def test_report_configuration():
     assert (model.embed_dim, len(model.blocks), model.patch_embed.patch_size) == (256, 10, (8, 8))
     assert layer.mlp.body[0].out_features == 1024
     assert layer.attn.read.query.shape == (32, 8)
-    assert len(depth_attention_stats(model, images(1))['entries']) == 22  # patch, position, two per layer
+    assert len(reference_features(model, images(1))[1][-1]) == 22  # patch, position, two per layer
     assert model.num_classes == 10
 
 
 def test_blocks_follow_the_report():
     layer = small().blocks[0]
-    assert [type(m).__name__ for m in layer.attn.key] == ['PReLULinear']
-    assert [type(m).__name__ for m in layer.attn.value] == ['PReLULinear']
-    assert layer.mlp.key[0].slope is not layer.mlp.value[0].slope  # separate PReLUs after the shared hidden layer
-    assert layer.mlp.key[0].fc.in_features == layer.mlp.value[0].fc.in_features == layer.mlp.body[0].out_features
+    assert [type(b.key).__name__ for b in (layer.attn, layer.mlp)] == ['PReLULinear'] * 2
+    assert [type(b.value).__name__ for b in (layer.attn, layer.mlp)] == ['PReLULinear'] * 2
+    assert layer.mlp.key.slope is not layer.mlp.value.slope  # separate PReLUs after the shared hidden layer
+    assert layer.mlp.key.fc.in_features == layer.mlp.value.fc.in_features == layer.mlp.body[0].out_features
     assert not any(isinstance(m, torch.nn.LayerNorm) and m.elementwise_affine for m in layer.modules())
 
 
-# --- depth attention at init ----------------------------------------------------------------------------------------
+# --- depth attention ------------------------------------------------------------------------------------------------
 
-def test_every_block_reads_the_uniform_average_of_all_entries_at_init():
-    """Zero queries: each block's input is LayerNorm(mean of every entry written before it), to 1e-5."""
-    model = small(depth=3).eval()
-    seen = record_memory(model)
-    inputs = []
-    for block in sublayers(model):
-        block.body.register_forward_pre_hook(lambda m, i: inputs.append(i[0]))
+@pytest.mark.parametrize('option', [o for o in OPTIONS if o != 'path_dropout'])
+def test_every_read_is_eq_1_over_the_entries_it_sees(option):
+    """The memory's online sums give, for every option, what Eq. 1 computed over explicit entries gives."""
+    model = small(depth=3, **OPTIONS[option]).eval()
+    randomize_queries(model)
+    x = images()
     with torch.no_grad():
-        model(images())
-    assert [len(values) for _, values in seen] == [2, 3, 4, 5, 6, 7, 8]
-    for (_, values), block_input in zip(seen, inputs):
-        mean = torch.stack([v.expand(2, 65, 192) for v in values]).mean(0)
-        # float32 rounding of the weighted sum (weights 1/L) against stack().mean(): a few 1e-7
-        torch.testing.assert_close(block_input, F.layer_norm(mean, (192,), eps=1e-6), rtol=0, atol=1e-5)
+        expected, _ = reference_features(model, x)
+        torch.testing.assert_close(model.forward_features(x), expected, rtol=0, atol=1e-4)  # float32 rounding
 
 
-def test_stats_at_init_show_uniform_reads():
-    model = small(depth=2)
-    stats = depth_attention_stats(model, images())
-    assert stats['readers'] == ['0.attn', '0.mlp', '1.attn', '1.mlp', 'out']
-    assert stats['entries'] == ['patch', 'pos', '0.attn', '0.mlp', '1.attn', '1.mlp']
-    matrix = stats['matrix']
-    assert matrix.shape == (5, 6)
-    for row, seen in enumerate([2, 3, 4, 5, 6]):
-        torch.testing.assert_close(matrix[row, :seen], torch.full((seen,), 1 / seen))
-        assert matrix[row, seen:].isnan().all()
-    torch.testing.assert_close(stats['entropy'], torch.ones(5))
-    assert (stats['query_norm'] == 0).all()
-    assert model.training  # the model's mode is kept
+def test_every_read_at_init_is_the_uniform_average_of_the_entries_it_sees():
+    model = small(depth=3).eval()
+    x = images()
+    with torch.no_grad():
+        _, seen = reference_features(model, x)
+        for block, visible in zip(sublayers(model), seen):
+            weights = depth_weights(block.read.memory_query(), [k for k, _ in visible])
+            torch.testing.assert_close(weights, torch.full_like(weights, 1 / len(visible)))
+    assert [len(visible) for visible in seen] == [2, 3, 4, 5, 6, 7, 8]
+
+
+def test_reads_follow_trained_queries_away_from_the_uniform_average():
+    model = small(depth=2).eval()
+    randomize_queries(model, std=3.)
+    with torch.no_grad():
+        _, seen = reference_features(model, images())
+        weights = depth_weights(model.read_out.memory_query(), [k for k, _ in seen[-1]])
+    assert normalized_entropy(weights) < .99
 
 
 def test_gaussian_reads_at_init_are_uniform_only_with_unit_keys():
     """Zero queries with the Gaussian kernel weigh entries by exp(-gamma ||k||^2): uniform where every key has the
     same norm (key_norm=True), favouring short keys otherwise."""
     x = images()
-    unit = depth_attention_stats(small(depth_kernel='gaussian', key_norm=True), x)
-    torch.testing.assert_close(unit['entropy'], torch.ones(5))
-    raw = depth_attention_stats(small(depth_kernel='gaussian'), x)['matrix']
-    seen = raw.isfinite().sum(1, keepdim=True)
-    assert ((raw * seen - 1).abs().nan_to_num(0).amax(1) > .03).all()  # mean weights 3 % or more off 1 / seen
-
-
-def test_stats_follow_trained_queries():
-    model = small(depth=2)
-    randomize_queries(model, std=3.)
-    stats = depth_attention_stats(model, images())
-    assert (stats['entropy'] < .99).all()
-    assert (stats['query_norm'] > 0).all()
-    torch.testing.assert_close(stats['matrix'].nansum(1), torch.ones(5))
-
-
-@pytest.mark.parametrize('autocast', [False, True])
-def test_stats_work_in_bf16(autocast):
-    model = small()
-    randomize_queries(model)
-    expected = depth_attention_stats(model, images())
-    x = images()
-    if not autocast:
-        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
-    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
-        stats = depth_attention_stats(model, x)
-    assert stats['matrix'].dtype == torch.float32
-    torch.testing.assert_close(stats['matrix'], expected['matrix'], rtol=0, atol=.02, equal_nan=True)
-    torch.testing.assert_close(stats['entropy'], expected['entropy'], rtol=0, atol=.02)
-
-
-# --- block memory ---------------------------------------------------------------------------------------------------
-
-def summary(entries, from_values=False):
-    """A block summary: values summed; keys averaged, or with keys from values the key of the sum."""
-    value = torch.stack([v for _, v in entries]).sum(0)
-    return rms_keys(value) if from_values else torch.stack([k for k, _ in entries]).mean(0), value
+    for key_norm, uniform in ((True, True), (False, False)):
+        model = small(depth_kernel='gaussian', key_norm=key_norm).eval()
+        with torch.no_grad():
+            _, seen = reference_features(model, x)
+            weights = depth_weights(model.read_out.memory_query(), [k for k, _ in seen[-1]])
+        assert torch.allclose(weights, torch.full_like(weights, 1 / 6), atol=1e-5) == uniform
 
 
 @pytest.mark.parametrize('kwargs', [{}, ATTNRES], ids=['qimia', 'attnres'])
 def test_block_memory_reads_the_stem_the_finished_summaries_and_the_current_one(kwargs):
-    """memory_block_size 3: sublayers 0-2 and 3-5 form two summaries; every read, with trained queries, is Eq. 1-2
-    over the stem's entries, the finished summaries and the current summary (Block AttnRes)."""
+    """memory_block_size 3: sublayers 0-2 and 3-5 form two summaries (values summed); every read sees the stem's
+    entries, the finished summaries and the current one (Block AttnRes)."""
     model = small(depth=3, memory_block_size=3, **kwargs).eval()
     randomize_queries(model)
-    seen = record_memory(model)
-    written = []  # (key, value) of every sublayer, the key as the memory stores it
+    values = []
     for block in sublayers(model):
-        def write(keys, values, key, value, position, read=block.read, original=block.read.write):
-            written.append((read.key(key) if key is not None else rms_keys(value), value))
-            return original(keys, values, key, value, position)
-        block.read.write = write
+        block.value.register_forward_hook(lambda m, i, o: values.append(o))
     with torch.no_grad():
-        model(images())
-    stem = list(zip(*seen[0]))
-    assert len(written) == 6
-    for b, (keys, values) in enumerate(seen):
-        first = b - b % 3  # the current memory block starts here
-        finished = [summary(written[g:g + 3], bool(kwargs)) for g in range(0, min(first, 6), 3)]
-        current = [summary(written[first:b], bool(kwargs))] if first < b < 6 else []
-        expected = stem + finished + current
-        assert len(keys) == len(expected)
-        for (key, value), (expected_key, expected_value) in zip(zip(keys, values), expected):
-            torch.testing.assert_close(value.expand_as(expected_value), expected_value, rtol=0, atol=1e-5)
-            torch.testing.assert_close(key.expand_as(expected_key), expected_key, rtol=0, atol=1e-5)
-
-
-def test_block_memory_stats_show_which_summaries_each_read_sees():
-    model = small(depth=2, memory_block_size=2)
-    stats = depth_attention_stats(model, images())
-    seen = stats['matrix'].isfinite()
-    #                          patch  pos    0.attn 0.mlp  1.attn 1.mlp
-    assert seen.tolist() == [[True, True, False, False, False, False],  # 0.attn
-                             [True, True, True, False, False, False],   # 0.mlp: the summary of block 0 so far
-                             [True, True, False, True, False, False],   # 1.attn: the finished summary
-                             [True, True, False, True, True, False],    # 1.mlp
-                             [True, True, False, True, False, True]]    # out
-    torch.testing.assert_close(stats['matrix'].nansum(1), torch.ones(5))
-    torch.testing.assert_close(stats['entropy'], torch.ones(5))
+        _, seen = reference_features(model, images())
+    stem = len(seen[0])
+    assert [len(visible) - stem for visible in seen] == [0, 1, 1, 1, 2, 2, 2]
+    torch.testing.assert_close(seen[-1][-1][1], sum(values[3:]))  # the output read sees the second summary
+    torch.testing.assert_close(seen[4][-1][1], values[3])  # the second block's second read, its first entry
+    torch.testing.assert_close(seen[4][-2][1], sum(values[:3]))  # and the first block's summary
 
 
 # --- Attention Residuals --------------------------------------------------------------------------------------------
 
 def test_keys_from_values_are_the_rms_normalised_values_with_no_key_projection():
-    model = small(keys_from_values=True, null_entry=True).eval()
+    model = small(keys_from_values=True).eval()
     assert not any('key' in name for name, _ in model.named_parameters())
-    seen = record_memory(model)
+    randomize_queries(model)
+    read = model.read_out
     with torch.no_grad():
-        model(images())
-    keys, values = seen[-1]
-    for key, value in zip(keys, values):
-        torch.testing.assert_close(key, rms_keys(value, heads=24))  # the default: key_dim // 8 heads
+        _, seen = reference_features(model, images())
+        stored = [k for k, _ in seen[-1]]
+        explicit = [rms_keys(v, heads=24) for _, v in seen[-1]]  # the default: key_dim // 8 heads
+        torch.testing.assert_close(depth_weights(read.memory_query(), stored, read.rms_logits),
+                                   depth_weights(read.memory_query(), explicit), rtol=0, atol=1e-6)
+
+
+def test_the_null_entry_has_a_learned_key_under_keys_from_values():
+    """A normalised zero vector has no useful gradient (rms_norm's Jacobian at 0 is 1 / sqrt(eps)): the null entry
+    keeps a learned key of its own, as in QIMIA."""
+    model = small(null_entry=True, **ATTNRES)
+    assert model.null_key.shape == (192,) and model.null_key.norm() > 1
+    (key, value), *_ = model.embed(images())
+    assert key is model.null_key and value is model.null_value
 
 
 def test_sublayer_values_are_timm_pre_norm_sublayers_writing_their_outputs_over_the_token_embedding():
     model = small(sublayer_values=True).eval()
     layer = model.blocks[0]
     assert [type(b.body).__name__ for b in (layer.attn, layer.mlp)] == ['Attention', 'Mlp']
-    assert all(b.norm.elementwise_affine and len(b.value) == 0 for b in (layer.attn, layer.mlp))
+    assert all(b.norm.elementwise_affine and isinstance(b.value, torch.nn.Identity) for b in (layer.attn, layer.mlp))
     outputs = []
     for block in sublayers(model):
         block.body.register_forward_hook(lambda m, i, o: outputs.append(o))
     embedding = []
     model.patch_embed.register_forward_hook(lambda m, i, o: embedding.append(o))
-    seen = record_memory(model)
     with torch.no_grad():
-        model(images())
-    _, values = seen[-1]
+        _, seen = reference_features(model, images())
     tokens = torch.cat([model.cls_token.expand(2, -1, -1), embedding[0]], 1) + model.pos_embed
-    assert len(values) == 1 + 4
-    for value, expected in zip(values, [tokens] + outputs):
+    assert len(seen[-1]) == 1 + 4
+    for (_, value), expected in zip(seen[-1], [tokens] + outputs):
         torch.testing.assert_close(value, expected)
 
 
 def test_attnres_is_eq_1_2_over_the_embedding_and_the_sublayer_outputs():
     """Full AttnRes: h_l = sum_i softmax_i(w_l . RMSNorm(v_i)) v_i over v_0 (the embedding) and the outputs of
-    every earlier sublayer, each sublayer a pre-norm timm block of its input h_l."""
+    every earlier sublayer, each sublayer a pre-norm timm block of its input h_l; the first takes v_0 itself."""
     model = timm.create_model('vit_attnres_tiny', depth=2).eval()
     randomize_queries(model)
     inputs, outputs = [], []
     for block in sublayers(model):
         block.norm.register_forward_pre_hook(lambda m, i: inputs.append(i[0]))
         block.body.register_forward_hook(lambda m, i, o: outputs.append(o))
-    seen = record_memory(model)
+    x = images()
     with torch.no_grad():
-        model(images())
-    v0 = seen[0][1][0]
-    for index, block in enumerate(sublayers(model)):
+        model(x)
+        (_, v0), = model.embed(x)
+    torch.testing.assert_close(inputs[0], v0)
+    for index, block in enumerate(sublayers(model)[1:], 1):
         v = torch.stack([v0] + outputs[:index])
         w = (rms_keys(v) @ block.read.query[0]).softmax(0)
         torch.testing.assert_close(inputs[index], (w.unsqueeze(-1) * v).sum(0), rtol=0, atol=1e-5)
@@ -323,20 +305,17 @@ def test_attnres_is_eq_1_2_over_the_embedding_and_the_sublayer_outputs():
 
 # --- memory ---------------------------------------------------------------------------------------------------------
 
-def test_reads_never_stack_the_entries():
-    """No tensor of the forward or backward pass holds several entries' values (the largest are the feed-forward
-    hidden activations): reads accumulate entry by entry."""
-    model = small(depth=4)  # 10 entries: a stack of values would be 2.5x the hidden activations
-    randomize_queries(model)
+@pytest.mark.parametrize('kwargs', [{}, ATTNRES], ids=['qimia', 'attnres'])
+def test_training_keeps_memory_linear_in_depth(kwargs):
+    """What a training step keeps for the backward pass grows by the same amount with every layer: the memory keeps
+    sums, not a copy of the entries for every read."""
     x = images()
-    with ShapeRecorder() as recorder:
-        model(x).sum().backward()
-    assert max(shape.numel() for shape in recorder.shapes) <= x.shape[0] * 65 * 768
+    saved = [saved_activation_bytes(small(depth=depth, **kwargs), x) for depth in (2, 4, 8)]
+    assert saved[2] - saved[1] == pytest.approx(2 * (saved[1] - saved[0]), rel=.1)
 
 
 def test_block_memory_frees_merged_entries_in_inference():
-    """memory_block_size 2: a block's own value is freed once merged into its summary, and the output read sees
-    the stem's entries and one summary per memory block."""
+    """memory_block_size 2: every value a sublayer writes is freed once merged into its summary or the sums."""
     import gc
     import weakref
 
@@ -344,24 +323,22 @@ def test_block_memory_frees_merged_entries_in_inference():
     written = []
     for block in sublayers(model):
         block.value.register_forward_hook(lambda m, i, o: written.append(weakref.ref(o)))
-    seen, alive = [], []
+    alive = []
 
     def at_output_read(module, args):
         gc.collect()
-        seen.append(len(args[1]))
         alive.extend(ref() is not None for ref in written)
 
     model.read_out.register_forward_pre_hook(at_output_read)
     with torch.no_grad():
         model(images())
-    assert seen == [2 + 3]
     assert alive == [False] * 6
 
 
 @pytest.mark.parametrize('option', ['default', 'path_dropout', 'gaussian_depth_attention', 'block_memory',
                                     'block_attnres'])
 def test_grad_checkpointing_gives_identical_outputs_and_gradients(option, checkpointing_reentrant):
-    """Also reentrant, which sees only the tensors passed to it: the memory goes to each layer as tensors, not lists."""
+    """Also reentrant, which sees only the tensors passed to it: the memory goes to each layer as tensors."""
     model = small(**dict(OPTIONS[option], depth=3))
     randomize_queries(model)
     x = images()
@@ -381,19 +358,18 @@ def test_grad_checkpointing_gives_identical_outputs_and_gradients(option, checkp
 
 @pytest.mark.parametrize('kwargs', [{}, dict(class_token=False, global_pool='avg'), ATTNRES])
 def test_under_bf16_autocast_reads_and_summaries_are_float32(kwargs):
-    """Reads accumulate and block-memory summaries add up in float32 under autocast. QIMIA's patch entry has the
-    dtype of every sublayer output, whether or not a class token is concatenated to it; AttnRes's token embedding is
-    the patch embedding plus the float32 position embedding, as in timm's ViT."""
+    """Reads accumulate and block-memory summaries add up in float32 under autocast."""
     model = small(memory_block_size=2, **kwargs)
-    reads = []
+    reads, memories = [], []
+    for block in sublayers(model)[1:]:
+        block.read.register_forward_hook(lambda m, i, o: reads.append(o[0].dtype))
     for block in sublayers(model):
-        block.read.register_forward_hook(lambda m, i, o: reads.append((o.dtype, [v.dtype for v in i[1]])))
+        block.register_forward_hook(lambda m, i, o: memories.append(o))
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = model(images())
-    assert [dtype for dtype, _ in reads] == [torch.float32] * 4
-    # before the second layer's first read: the stem, then the summary of the first layer's two blocks
-    stem = [torch.float32] if kwargs.get('sublayer_values') else [torch.bfloat16, torch.float32]
-    assert reads[2][1] == stem + [torch.float32]
+    assert reads == [torch.float32] * 3
+    assert {m.acc.dtype for m in memories} == {torch.float32}
+    assert [m.value.dtype for m in memories[1::2]] == [torch.float32] * 2  # the summaries
     out.float().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
@@ -417,20 +393,70 @@ def test_dropout_rates_act_in_training_only(rate, family):
         torch.testing.assert_close(model.eval()(x), plain(x))
 
 
-@pytest.mark.parametrize('option', OPTIONS)
-def test_option_trains_a_step_with_a_gradient_for_every_parameter(option):
-    model = small(**OPTIONS[option])
-    randomize_queries(model)
-    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    loss = F.cross_entropy(model(images(4)), torch.tensor([0, 1, 2, 3]))
-    loss.backward()
-    assert not [n for n, p in model.named_parameters() if p.grad is None]
-    optimizer.step()
-    assert torch.isfinite(loss)
-    unchanged = [n for n, p in model.named_parameters() if torch.equal(before[n], p)]
-    # with one stem entry (the token embedding), the first read is a softmax over one entry: weight 1 for any query
-    assert unchanged == (['blocks.0.attn.read.query'] if model.sublayer_values and model.null_value is None else [])
+def real_batch(root, count: int = 8):
+    """``count`` CIFAR-10 test images of the committed sample, one class after another, normalised as the models'."""
+    data = ImageDataset(str(root / 'test'), transform=create_transform(32, mean=CIFAR10_MEAN, std=CIFAR10_STD))
+    picks = [data[i * 20] for i in range(count)]
+    return torch.stack([image for image, _ in picks]), torch.tensor([label for _, label in picks])
+
+
+def gradients(model: torch.nn.Module, batch, step: bool = False) -> dict:
+    """The gradients of a training loss on ``batch`` (then an AdamW step, with ``step``)."""
+    images, labels = batch
+    model.zero_grad()
+    F.cross_entropy(model.train()(images), labels).backward()
+    grads = {n: p.grad.detach().clone() if p.grad is not None else None for n, p in model.named_parameters()}
+    if step:
+        create_optimizer_v2(model, 'adamw', lr=1e-3).step()
+    return grads
+
+
+def assert_every_parameter_learns(build, batch, in_scale: bool = True) -> None:
+    """After one optimizer step from init, every parameter of ``build()`` gets a non-zero, finite gradient (at init,
+    zero queries give the keys none: every read is the uniform average whatever they are); with the queries then
+    set to a trained scale, no gradient norm but the head's is over 100 times the median (``in_scale``)."""
+    model = build()
+    gradients(model, batch, step=True)
+    grads = gradients(model, batch)
+    assert not [n for n, g in grads.items() if g is None or not torch.isfinite(g).all() or not g.abs().sum() > 0]
+    if in_scale:
+        randomize_queries(model)
+        norms = {n: g.norm() for n, g in gradients(model, batch).items() if not n.startswith('head.')}
+        median = torch.stack(list(norms.values())).median()
+        assert not {n: round(float(v / median)) for n, v in norms.items() if v > 100 * median}
+
+
+# Out of scale still (docs/qimia-and-attnres.md): unit-L2 keys of near-zero inputs
+# (the class token's key at init) scale their gradients by 1 / |k|; and in vit_attnres_tiny every read attends to the
+# token embedding, whose gradients (and the first sublayer's) add up to about 190 times the median.
+OUT_OF_SCALE = pytest.mark.xfail(strict=True, reason='a gradient norm over 100 times the median')
+
+
+@pytest.mark.parametrize('option', [pytest.param(o, marks=OUT_OF_SCALE) if o == 'key_norm' else o for o in OPTIONS])
+def test_each_option_gives_every_parameter_a_gradient_none_out_of_scale(option, cifar10_sample):
+    assert_every_parameter_learns(partial(small, **OPTIONS[option], num_classes=10), real_batch(cifar10_sample))
+
+
+def test_attnres_with_a_null_entry_gives_every_parameter_a_gradient_none_out_of_scale(cifar10_sample):
+    assert_every_parameter_learns(partial(small, **ATTNRES, null_entry=True, num_classes=10),
+                                  real_batch(cifar10_sample))
+
+
+@pytest.mark.parametrize('options', [ALL_OPTIONS, ALL_ATTNRES_OPTIONS], ids=['every_option', 'every_attnres_option'])
+def test_every_option_at_once_gives_every_parameter_a_gradient(options, cifar10_sample):
+    """(Unit-L2 keys of small key paths scale their gradients up by the inverse norm, as normalisation does.)"""
+    assert_every_parameter_learns(partial(small, **options, num_classes=10), real_batch(cifar10_sample),
+                                  in_scale=False)
+
+
+@pytest.mark.parametrize('name', [pytest.param(n, marks=OUT_OF_SCALE) if n == 'vit_attnres_tiny' else n
+                                  for n in NAMES if not n.endswith('224')])
+def test_every_model_gives_every_parameter_a_gradient_none_out_of_scale(name, cifar10_sample):
+    def build():
+        torch.manual_seed(0)
+        return timm.create_model(name, depth=4, num_classes=10)
+
+    assert_every_parameter_learns(build, real_batch(cifar10_sample, 4))
 
 
 @pytest.mark.parametrize('option', OPTIONS)
@@ -457,7 +483,7 @@ def test_option_passes_the_model_contract(option):
 
 def test_null_entry_is_read_first():
     model = small(null_entry=True)
-    assert depth_attention_stats(model, images())['entries'][:3] == ['null', 'patch', 'pos']
+    assert [value.shape for _, value in model.embed(images())] == [(192,), (2, 65, 192), (1, 65, 192)]
     assert {'null_key', 'null_value'} <= model.no_weight_decay()
 
 
@@ -687,11 +713,9 @@ def test_half_precision_models_run_on_the_cpu_close_to_float32(option, dtype, to
     # wrong type
     (dict(memory_block_size=2.5), TypeError, 'memory_block_size must be an integer >= 1, got 2.5'),
     (dict(depth='12'), TypeError, "depth must be an integer >= 1, got '12'"),
-    (dict(key_norm=1), TypeError, 'key_norm must be True or False, got 1'),
-    (dict(qk_norm='yes'), TypeError, "qk_norm must be True or False, got 'yes'"),
     (dict(drop_path_rate='0.1'), TypeError, r"drop_path_rate must be a rate in \[0, 1\), got '0.1'"),
     # out of range
-    (dict(key_dim=0), ValueError, 'key_dim must be an integer >= 1, or None for the default, got 0'),
+    (dict(key_dim=0), ValueError, 'key_dim must be an integer >= 1, got 0'),
     (dict(num_classes=-1), ValueError, 'num_classes must be an integer >= 0, got -1'),
     (dict(reg_tokens=-1), ValueError, 'reg_tokens must be an integer >= 0, got -1'),
     (dict(drop_path_rate=1.5), ValueError, r'drop_path_rate must be a rate in \[0, 1\), got 1.5'),
@@ -716,12 +740,13 @@ def test_bad_arguments_raise_naming_the_argument_the_value_and_what_is_allowed(k
         small(**kwargs)
 
 
-@pytest.mark.parametrize('name', sorted(VIT_ARGUMENTS_NOT_TAKEN))
-def test_timm_vit_arguments_without_a_counterpart_raise_saying_why(name):
-    """Each is an argument of timm's VisionTransformer that the QIMIA family has no counterpart for."""
+@pytest.mark.parametrize('name', ['init_values', 'pos_embed', 'fc_norm', 'block_fn'])
+def test_timm_vit_arguments_without_a_counterpart_are_refused(name):
+    """Arguments of timm's VisionTransformer that the QIMIA family has no counterpart for (no residual branch to
+    scale, the position embedding a memory entry, the blocks its own)."""
     assert name in inspect.signature(VisionTransformer).parameters
     assert name not in inspect.signature(VisionTransformerQimia).parameters
-    with pytest.raises(TypeError, match=rf"vit_qimia_tiny does not take timm ViT's {name}: .+\. Leave it out\."):
+    with pytest.raises(TypeError, match=name):
         small(**{name: 1})
 
 
@@ -780,7 +805,7 @@ def test_layer_decay_and_weight_decay_treat_each_parameter_as_timms_vit_does(opt
 def test_checkpoints_of_timm_hbf_0_1_load_and_give_their_logits(case):
     name, kwargs, state_dict, x, logits = legacy_checkpoint(case)
     model = timm.create_model(name, **kwargs).eval()
-    model.load_state_dict(state_dict, strict=True)  # the state-dict names are those of 0.1
+    model.load_state_dict(checkpoint_filter_fn(state_dict, model), strict=True)
     with torch.no_grad():
         torch.testing.assert_close(model(x), logits, rtol=0, atol=1e-5)
 

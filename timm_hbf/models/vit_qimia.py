@@ -11,21 +11,12 @@ learned-query attention over depth (report Eq. 1-2, :class:`~timm_hbf.layers.Dep
     output:    a last read over every entry, then LayerNorm, pooling and a linear head (timm's conventions)
 
 LN is LayerNorm without affine (report appendix). A layer of ``depth`` is an attention and a feed-forward block, as
-in a ViT, so ``depth`` 12 writes 24 entries. AttnRes is the same read with four differences, each a flag that can be
-switched on alone:
-
-    keys_from_values=True    k_i = RMSNorm(v_i) per head, no key projection
-    sublayer_values=True     v = Attention(LN(A)) or Mlp(LN(A)), timm's pre-norm sublayers (LN with affine) and
-                             nothing after them; v_0 the token embedding (patch + position), one entry
-    depth_num_heads=1        one query per sublayer
-    memory_block_size=n      Block AttnRes: the outputs of every n consecutive sublayers add up into one summary
-
-(and zero-initialised queries, which both share). ``vit_attnres_*`` set all of them.
+in a ViT, so ``depth`` 12 writes 24 entries. AttnRes is the same read with four differences, each a flag of
+:class:`VisionTransformerQimia` that works alone and all of which ``vit_attnres_*`` set (see ``_ATTNRES``).
 """
-import math
-import numbers
+import re
 from functools import partial
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.fx
@@ -47,16 +38,8 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
 
-from .._checks import (
-    check_choice,
-    check_count,
-    check_divisor,
-    check_flag,
-    check_number,
-    check_vit_arguments,
-    fail,
-)
-from ..layers import DEPTH_KERNELS, DepthAttention, PReLULinear, TokenBatchNorm, normalized_entropy
+from .._checks import check_choice, check_count, check_divisor, check_vit_arguments, fail
+from ..layers import DEPTH_KERNELS, DepthAttention, DepthMemory, PReLULinear, TokenBatchNorm
 from ..layers.hyperbf_attention import check_one_mask
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
@@ -65,7 +48,7 @@ try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf a
 except ImportError:  # older timm records none, for its own ViT neither
     update_model_input_size = None
 
-__all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn', 'depth_attention_stats']
+__all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn']
 
 VALUE_NORMS = ('layernorm', 'batchnorm')
 GLOBAL_POOLS = ('', 'token', 'avg', 'avgmax', 'max', 'map', 'prr')  # timm's ViT's
@@ -79,15 +62,18 @@ class QimiaBlock(nn.Module):
     """A sublayer: read the memory, transform, write one (key, value) entry (report Fig. 8-9).
 
     Args:
-        read: Its interface to the memory (query, kernel).
+        read: Its interface to the memory: query and kernel (none where it takes the single entry written so far).
         norm: The norm on what it reads.
-        body: The transform (timm's ``Attention``, the feed-forward block's first Linear, or timm's ``Mlp``).
+        body: The transform (timm's ``Attention``, the feed-forward block's Linear, or timm's ``Mlp``).
         key: The key path on the body's output; None: keys from values.
         value: The value path on the body's output.
-        position: Its place in its memory block (0: it writes a new entry; see :meth:`DepthAttention.write`).
+        position: Its place in its memory block: past the first, it merges its entry into the block's summary.
+        block_size: The memory block's size (1: every entry stays).
     """
-    position: Final[int]
+    reads: Final[bool]
     attends: Final[bool]
+    position: Final[int]
+    commit: Final[bool]
 
     def __init__(
             self,
@@ -96,11 +82,14 @@ class QimiaBlock(nn.Module):
             body: nn.Module,
             key: Optional[nn.Module],
             value: nn.Module,
-            position: int,
+            position: int = 0,
+            block_size: int = 1,
     ) -> None:
         super().__init__()
-        self.position = position
+        self.reads = read.query is not None
         self.attends = isinstance(body, Attention)  # takes timm's attention mask
+        self.position = position
+        self.commit = position == block_size - 1
         self.read = read
         self.norm = norm
         self.body = body
@@ -109,22 +98,22 @@ class QimiaBlock(nn.Module):
 
     def forward(
             self,
-            keys: List[torch.Tensor],
-            values: List[torch.Tensor],
+            memory: DepthMemory,
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
-    ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    ) -> DepthMemory:
         """The memory with this sublayer's entry written; ``attn_mask`` and ``is_causal`` go to the token attention,
         as timm's ``Attention`` takes them (a read over depth is per token: it needs no mask)."""
-        x = self.norm(self.read(keys, values))
-        if self.attends:
-            h = self.body(x, attn_mask=attn_mask, is_causal=is_causal)
+        if self.reads:
+            x, memory = self.read(memory, merge=self.position > 0)
         else:
-            h = self.body(x)
+            x = memory.value
+        x = self.norm(x)
+        h = self.body(x, attn_mask=attn_mask, is_causal=is_causal) if self.attends else self.body(x)
         key: Optional[torch.Tensor] = None
         if self.key is not None:
             key = self.key(h)
-        return self.read.write(keys, values, key, self.value(h), self.position)
+        return self.read.write(memory, key, self.value(h), self.position, self.commit)
 
 
 class QimiaLayer(nn.Module):
@@ -137,49 +126,36 @@ class QimiaLayer(nn.Module):
 
     def forward(
             self,
-            keys: List[torch.Tensor],
-            values: List[torch.Tensor],
+            memory: DepthMemory,
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
-    ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        keys, values = self.attn(keys, values, attn_mask=attn_mask, is_causal=is_causal)
-        return self.mlp(keys, values)
+    ) -> DepthMemory:
+        return self.mlp(self.attn(memory, attn_mask=attn_mask, is_causal=is_causal))
 
     def forward_flat(
             self,
-            *entries: torch.Tensor,
+            *memory: Optional[torch.Tensor],
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
-    ) -> Tuple[torch.Tensor, ...]:
-        """:meth:`forward` on the memory as one tuple of tensors, its keys then as many values, for gradient
-        checkpointing: reentrant checkpointing (``timm.layers.set_reentrant_ckpt(True)``) tracks tensor arguments and
-        results only, not the tensors in lists, and would cut the gradient of every entry."""
-        keys, values = self(*_halves(entries), attn_mask=attn_mask, is_causal=is_causal)
-        return (*keys, *values)
-
-
-def _halves(entries: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-    """The memory ``(keys, values)`` from its entries flattened as keys then values (every entry has one of each)."""
-    half = len(entries) // 2
-    return list(entries[:half]), list(entries[half:])
+    ) -> Tuple[Optional[torch.Tensor], ...]:
+        """:meth:`forward` on the memory as a flat tuple, for gradient checkpointing: reentrant checkpointing
+        (``timm.layers.set_reentrant_ckpt(True)``) tracks tensor arguments and results only."""
+        return tuple(self(DepthMemory(*memory), attn_mask=attn_mask, is_causal=is_causal))
 
 
 def _check_arguments(args: Dict[str, Any]) -> None:
-    """Every constructor argument of :class:`VisionTransformerQimia` checked for type and range."""
+    """What the model would otherwise build wrong without a word, or fail on deep inside."""
     check_vit_arguments(args)
-    for name in ('key_norm', 'keys_from_values', 'sublayer_values', 'null_entry'):
-        check_flag(name, args[name])
     check_count('memory_block_size', args['memory_block_size'])
     for name in ('key_dim', 'depth_num_heads'):
         if args[name] is not None:
-            check_number(name, args[name], numbers.Integral, lambda v: v >= 1,
-                         'an integer >= 1, or None for the default')
-    check_number('mlp_ratio', args['mlp_ratio'], numbers.Real, lambda v: int(v * args['embed_dim']) >= 1,
-                 f"a number with int(embed_dim * mlp_ratio) >= 1 (embed_dim {args['embed_dim']})")
+            check_count(name, args[name])
+    embed_dim, key_dim = args['embed_dim'], args['key_dim']
+    if int(args['mlp_ratio'] * embed_dim) < 1:
+        fail('mlp_ratio', args['mlp_ratio'], f'a number with int(embed_dim * mlp_ratio) >= 1 (embed_dim {embed_dim})')
     for name, choices in (('global_pool', GLOBAL_POOLS), ('depth_kernel', DEPTH_KERNELS),
                           ('value_norm', VALUE_NORMS), ('weight_init', ('', 'skip'))):
         check_choice(name, args[name], choices)
-    embed_dim, key_dim = args['embed_dim'], args['key_dim']
     check_divisor('num_heads', args['num_heads'], 'embed_dim', embed_dim)
     if args['global_pool'] == 'token' and not args['class_token']:
         fail('global_pool', 'token', f"one of {GLOBAL_POOLS[2:]} without a class token (class_token=False)")
@@ -187,22 +163,6 @@ def _check_arguments(args: Dict[str, Any]) -> None:
         fail('key_dim', key_dim, f'None or embed_dim ({embed_dim}) with keys_from_values: the keys are the values')
     if args['keys_from_values'] and args['key_norm']:
         fail('key_norm', True, 'False with keys_from_values, whose keys are RMS-normalised already')
-
-
-# Arguments of timm's VisionTransformer that the QIMIA family does not take, and why (create_model says so, where
-# Python would only call the argument unexpected)
-VIT_ARGUMENTS_NOT_TAKEN = {
-    **dict.fromkeys(('init_values', 'fix_init'), 'it scales residual branches, and there is no residual stream: '
-                                                 'every read is a normalised softmax-weighted average of the memory'),
-    **dict.fromkeys(('pos_embed', 'no_embed_class', 'patch_drop_rate'),
-                    'the position embedding is a learned memory entry over every token, the prefix tokens too, '
-                    'shared by the batch'),
-    **dict.fromkeys(('pre_norm', 'final_norm', 'fc_norm', 'pool_include_prefix'),
-                    'the output is a last read of the memory, then LayerNorm and global_pool'),
-    **dict.fromkeys(('block_fn', 'attn_layer', 'mlp_layer', 'embed_layer', 'embed_norm_layer', 'norm_layer',
-                     'act_layer', 'proj_bias', 'scale_attn_norm', 'scale_mlp_norm'),
-                    "the blocks are the report's and AttnRes's, and their options are the model's own arguments"),
-}
 
 
 class VisionTransformerQimia(nn.Module):
@@ -254,6 +214,8 @@ class VisionTransformerQimia(nn.Module):
     """
     dynamic_img_size: Final[bool]
     sublayer_values: Final[bool]
+    path_dropout: Final[bool]
+    out_merge: Final[bool]
 
     def __init__(
             self,
@@ -326,28 +288,44 @@ class VisionTransformerQimia(nn.Module):
         self.reg_token = nn.Parameter(torch.empty(1, reg_tokens, embed_dim, **dd)) if reg_tokens else None
         self.pos_embed = nn.Parameter(torch.empty(1, num_patches + self.num_prefix_tokens, embed_dim, **dd))
         self.pos_drop = nn.Dropout(p=pos_drop_rate)
+
+        # AttnRes's four differences from QIMIA:
+        #   keys_from_values      no key paths: a key is its value, RMS-normalised per head (and the null entry's
+        #                         key a learned one, as in QIMIA, since a normalised zero has no gradient to give)
+        #   sublayer_values       a value is its sublayer's output (timm's pre-norm Attention or Mlp), and the stem
+        #                         one entry, the token embedding, which the first sublayer takes as it is
+        #   depth_num_heads=1     one query per sublayer
+        #   memory_block_size=n   Block AttnRes: the entries of n consecutive sublayers add up into one summary
+        learned_keys = not keys_from_values
         batchnorm = value_norm == 'batchnorm'
         read = partial(DepthAttention, key_dim, heads, kernel=depth_kernel,
                        key_norm='rms' if keys_from_values else 'l2' if key_norm else '', **dd)
         self.read_out = read()
-        learned_keys = not keys_from_values
         self.patch_key = nn.Linear(embed_dim, key_dim, **dd) if learned_keys else None
         self.pos_key = nn.Linear(embed_dim, key_dim, **dd) if learned_keys and not sublayer_values else None
         self.patch_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm else nn.Identity()
         self.pos_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm and not sublayer_values else nn.Identity()
-        self.null_key = nn.Parameter(torch.empty(key_dim, **dd)) if null_entry and learned_keys else None
+        self.null_key = nn.Parameter(torch.empty(key_dim, **dd)) if null_entry else None
         self.null_value = nn.Parameter(torch.empty(embed_dim, **dd)) if null_entry else None
+        stem_entries = int(null_entry) + (1 if sublayer_values else 2)
 
         def block(index: int, body: nn.Module, body_dim: int) -> QimiaBlock:
-            """Sublayer ``index`` (2 per layer): its norm, key and value paths around ``body``."""
+            """Sublayer ``index`` (2 per layer): its read, norm, key and value paths around ``body``."""
             norm = nn.LayerNorm(embed_dim, eps=1e-6, elementwise_affine=sublayer_values, **dd) \
                 if sublayer_values or not batchnorm else nn.Identity()
             value = [] if sublayer_values else [PReLULinear(body_dim, embed_dim, **dd)]
             value += [TokenBatchNorm(embed_dim, **dd)] if batchnorm else []
-            key = nn.Sequential(PReLULinear(body_dim, key_dim, **dd)) if learned_keys else None
             path_drop = drop_path_rate * (index // 2) / max(depth - 1, 1)  # grows linearly, as drop path
-            return QimiaBlock(read(path_drop=path_drop), norm, body, key, nn.Sequential(*value),
-                              position=index % memory_block_size)
+            reads = index > 0 or stem_entries > 1  # a read over a single entry is no read
+            return QimiaBlock(
+                read(path_drop=path_drop, query=reads),
+                norm,
+                body,
+                PReLULinear(body_dim, key_dim, **dd) if learned_keys else None,
+                value[0] if len(value) == 1 else nn.Sequential(*value) if value else nn.Identity(),
+                position=index % memory_block_size,
+                block_size=memory_block_size,
+            )
 
         hidden = int(embed_dim * mlp_ratio)
         self.blocks = nn.ModuleList([  # layers take and return the memory, so not a Sequential
@@ -361,9 +339,12 @@ class VisionTransformerQimia(nn.Module):
             )
             for i in range(depth)
         ])
+        self.out_merge = (2 * depth) % memory_block_size > 0  # the output read merges an unfinished block
+        self.path_dropout = drop_path_rate > 0
+        self.depth_keep = [1. - b.read.path_drop for layer in self.blocks for b in (layer.attn, layer.mlp)
+                           if b.reads] + [1.]  # each read's path-dropout keep probability, the output read's last
         patch = self.patch_embed.patch_size
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch[0]) for i in range(depth)]
-        # one LayerNorm where 0.1 had the output read's and this one (eps 1e-6 each): the same function, eps 1e-12
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6 if sublayer_values or batchnorm else 1e-12, **dd)
         self.attn_pool = self._attention_pool(global_pool) if global_pool in ATTENTION_POOLS else None
         # head (registered last: train.py's adaptive gradient clipping leaves out the last two parameters)
@@ -390,10 +371,10 @@ class VisionTransformerQimia(nn.Module):
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.reg_token is not None:
             nn.init.normal_(self.reg_token, std=1e-6)
-        if self.null_key is not None:
-            trunc_normal_(self.null_key, std=.02)
-        if self.null_value is not None:
-            nn.init.zeros_(self.null_value)
+        if self.null_key is not None:  # keys_from_values: unit RMS, as the normalised keys beside it
+            trunc_normal_(self.null_key, std=1. if self.patch_key is None else .02)
+        if self.null_value is not None:  # unit scale: the LayerNorm after a read of it alone stays well conditioned
+            nn.init.normal_(self.null_value)
         named_apply(init_weights_vit_timm, self, include_root=False)  # Linears trunc-normal, else init_weights()
 
     # --- model API --------------------------------------------------------------------------------------------------
@@ -462,10 +443,20 @@ class VisionTransformerQimia(nn.Module):
 
     # --- forward ----------------------------------------------------------------------------------------------------
 
-    def init_memory(self, x: torch.Tensor) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        """Images to the stem's entries ``(keys, values)``: the null entry (if any), then the patch embedding
-        ``(B, N, .)`` and the position embedding (``(1, N, .)``, shared by the batch), or with ``sublayer_values``
-        the token embedding, their sum."""
+    def depth_queries(self) -> torch.Tensor:
+        """Every read's query as the memory uses it, in reading order (the output read's last): ``(H, Dk', R)``."""
+        queries: List[torch.Tensor] = []
+        for layer in self.blocks:
+            if layer.attn.reads:
+                queries.append(layer.attn.read.memory_query())
+            queries.append(layer.mlp.read.memory_query())
+        queries.append(self.read_out.memory_query())
+        return torch.cat(queries, dim=-1)
+
+    def embed(self, x: torch.Tensor) -> List[Tuple[Optional[torch.Tensor], torch.Tensor]]:
+        """Images to the stem's entries, ``(key, value)`` before the memory normalises the key (None: from the
+        value): the null entry (if any), then the patch embedding ``(B, N, D)`` and the position embedding
+        ``(1, N, D)``, shared by the batch, or with ``sublayer_values`` the token embedding, their sum."""
         tokens = self.patch_embed(x)
         pos_embed = self.pos_embed
         if self.dynamic_img_size:
@@ -483,19 +474,25 @@ class VisionTransformerQimia(nn.Module):
         if self.sublayer_values:
             tokens = tokens + pos_embed
         tokens = self.pos_drop(tokens)
-        keys: List[torch.Tensor] = []
-        values: List[torch.Tensor] = []
-        if self.null_value is not None:
-            keys, values = self.read_out.write(keys, values, self.null_key, self.null_value, 0)
-        key: Optional[torch.Tensor] = None
-        if self.patch_key is not None:
-            key = self.patch_key(tokens)
-        keys, values = self.read_out.write(keys, values, key, self.patch_value_norm(tokens), 0)
+        entries: List[Tuple[Optional[torch.Tensor], torch.Tensor]] = []
+        if self.null_key is not None and self.null_value is not None:
+            entries.append((self.null_key, self.null_value))
+        entries.append((None if self.patch_key is None else self.patch_key(tokens), self.patch_value_norm(tokens)))
         if not self.sublayer_values:
-            if self.pos_key is not None:
-                key = self.pos_key(pos_embed)
-            keys, values = self.read_out.write(keys, values, key, self.pos_value_norm(pos_embed), 0)
-        return keys, values
+            entries.append((None if self.pos_key is None else self.pos_key(pos_embed), self.pos_value_norm(pos_embed)))
+        return entries
+
+    def init_memory(self, x: torch.Tensor) -> DepthMemory:
+        """The memory holding the stem's entries, for every read of the model."""
+        entries = self.embed(x)
+        keep: Optional[torch.Tensor] = None
+        queries = self.depth_queries()
+        if self.training and self.path_dropout:
+            keep = torch.tensor(self.depth_keep, device=queries.device)
+        memory = self.read_out.start(queries, keep, entries[-1][1])
+        for key, value in entries:
+            memory = self.read_out.write(memory, key, value)
+        return memory
 
     def _forward_taken(
             self,
@@ -510,18 +507,19 @@ class VisionTransformerQimia(nn.Module):
         block-memory mode, the summary it was merged into). ``attn_mask`` and ``is_causal``: as timm's ViT takes
         them, for every token attention (not both at once)."""
         check_one_mask(attn_mask, is_causal)
-        keys, values = self.init_memory(x)
+        memory = self.init_memory(x)
         intermediates: List[torch.Tensor] = []
         for i, layer in enumerate(self.blocks):
             if i <= last:
                 if self.grad_checkpointing and not torch.jit.is_scripting():
                     flat = partial(layer.forward_flat, attn_mask=attn_mask, is_causal=is_causal)
-                    keys, values = _halves(checkpoint(flat, *keys, *values))
+                    memory = DepthMemory(*checkpoint(flat, *memory))
                 else:
-                    keys, values = layer(keys, values, attn_mask=attn_mask, is_causal=is_causal)
+                    memory = layer(memory, attn_mask=attn_mask, is_causal=is_causal)
                 if i in taken:
-                    intermediates.append(values[-1])
-        return self.read_out(keys, values), intermediates
+                    intermediates.append(memory.value)
+        out, _ = self.read_out(memory, merge=self.out_merge)
+        return out, intermediates
 
     def forward_features(
             self,
@@ -644,58 +642,23 @@ class VisionTransformerQimia(nn.Module):
         return taken
 
 
-@torch.no_grad()
-def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dict[str, Any]:
-    """Where a model's reads attend, for a batch ``x``, in eval mode (the model's mode is kept), float32 on the CPU:
-
-    * ``matrix``: ``(reads, entries)``, the mean weight of each read (rows: every sublayer, then the output read) on
-      each entry (columns); NaN where the read does not see the entry (not yet written, or merged into a summary in
-      block memory: a summary is named by its newest member);
-    * ``entropy``: ``(reads,)``, the report's entropy metric: the mean normalised entropy of the weights (1: the
-      uniform average, as a residual stream; 0: one entry);
-    * ``query_norm``: ``(reads,)``, the norm of each read's query;
-    * ``readers`` and ``entries``: row and column names.
-    """
-    sublayers = [(f'{i}.{part}', getattr(layer, part)) for i, layer in enumerate(model.blocks)
-                 for part in ('attn', 'mlp')]
-    reads = [block.read for _, block in sublayers] + [model.read_out]
-    entries = (['null'] if model.null_value is not None else []) + (['embed'] if model.sublayer_values else
-                                                                     ['patch', 'pos'])
-    seen, columns = [], list(range(len(entries)))  # the columns of the entries that each read attends over
-    for name, block in sublayers:
-        seen.append(columns)
-        columns = (columns[:-1] if block.position > 0 else columns) + [len(entries)]
-        entries.append(name)
-    seen.append(columns)
-    weights = []
-    hooks = [read.register_forward_pre_hook(lambda read, args: weights.append(read.weights(args[0]).float().cpu()))
-             for read in reads]
-    was_training = model.training
-    try:
-        model.eval().forward_features(x)
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
-    matrix = torch.full((len(reads), len(entries)), math.nan)
-    for row, (w, cols) in enumerate(zip(weights, seen)):
-        matrix[row, cols] = w.mean((0, 1, 2))
-    return dict(
-        matrix=matrix,
-        entropy=torch.stack([normalized_entropy(w) for w in weights]),
-        query_norm=torch.stack([read.query.float().norm().cpu() for read in reads]),
-        readers=[name for name, _ in sublayers] + ['out'],
-        entries=entries,
-    )
-
 
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTransformerQimia) -> Dict[str, torch.Tensor]:
-    """A checkpoint for ``model``: the position embedding resampled to its grid, the patch embedding to its patch size
-    (every other key as it is: the state-dict names have not changed since timm_hbf 0.1).
+    """A checkpoint for ``model``: the position embedding resampled to its grid, the patch embedding to its patch size,
+    and the keys of timm_hbf 0.1 mapped: the key and value paths of one layer were wrapped in a Sequential
+    (``key.0.``), a first read over a single entry had a query (which no weights could train: dropped), and the null
+    entry under ``keys_from_values`` had the normalised null value as its key (now a learned key, set to that value).
 
     The checkpoint's grid is its pretrained cfg's image size over its patch size where that accounts for every
     position (so weights of a 8 x 8 grid resample to a model of 16 x 4), else square."""
-    state_dict = dict(state_dict)
+    expected = model.state_dict()
+    state_dict = {k if k in expected else re.sub(r'\.(key|value)\.0\.', r'.\1.', k): v for k, v in state_dict.items()}
+    for name in ('blocks.0.attn.read.query', 'blocks.0.attn.read.kernel.log_gamma'):
+        if name not in expected:
+            state_dict.pop(name, None)
+    if 'null_key' in expected and 'null_key' not in state_dict and 'null_value' in state_dict \
+            and model.patch_key is None:
+        state_dict['null_key'] = state_dict['null_value']
     pos_embed, patch = state_dict.get('pos_embed'), state_dict.get('patch_embed.proj.weight')
     grid = tuple(model.patch_embed.grid_size)
     if pos_embed is not None:
@@ -716,8 +679,6 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
 
 
 def _create_vit_qimia(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
-    for name in VIT_ARGUMENTS_NOT_TAKEN.keys() & kwargs.keys():
-        raise TypeError(f"{variant} does not take timm ViT's {name}: {VIT_ARGUMENTS_NOT_TAKEN[name]}. Leave it out.")
     return build_vit(VisionTransformerQimia, variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
@@ -731,7 +692,6 @@ ATTNRES = dict(paper_name='Attention Residuals (Kimi Team, 2026)', paper_ids='ar
 # The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
     'vit_qimia_tiny.cifar10_30ep': _cfg(cifar10=True, **cifar10_weights('vit_qimia_tiny.cifar10_30ep')),
-    'vit_qimia_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_qimia_tiny.cifar10_short')),
     'vit_qimia_tiny.untrained': _cfg(cifar10=True),
     'vit_qimia_small.untrained': _cfg(cifar10=True),
     'vit_qimia_base.untrained': _cfg(cifar10=True),
@@ -740,8 +700,6 @@ default_cfgs = generate_default_cfgs({
     'vit_qimia_small_patch16_224.untrained': _cfg(),
     'vit_qimia_base_patch16_224.untrained': _cfg(),
     'vit_attnres_tiny.cifar10_30ep': _cfg(cifar10=True, **cifar10_weights('vit_attnres_tiny.cifar10_30ep'), **ATTNRES),
-    'vit_attnres_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_attnres_tiny.cifar10_short'),
-                                           **ATTNRES),
     'vit_attnres_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
     'vit_attnres_block_tiny.cifar10_short': _cfg(
         cifar10=True, **cifar10_weights('vit_attnres_block_tiny.cifar10_short'), **ATTNRES),
