@@ -50,7 +50,6 @@ from throughput import check_counts  # the speed benchmark's, beside this script
 
 import timm_hbf
 from timm_hbf.hub import read_summary
-from timm_hbf.models._builder import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_RECIPE = Path(timm_hbf.__file__).resolve().parent / 'recipes' / 'cifar10' / 'short.yaml'
@@ -215,13 +214,19 @@ def best_on_validation(epochs: List[Dict]) -> int:
     return max(epochs, key=lambda e: e['eval_top1'])['epoch']
 
 
+def checkpoint_epoch(path: Path) -> int:
+    """The epoch a train.py checkpoint was saved at, read weights only (its arguments are an argparse.Namespace)."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return torch.load(path, map_location='cpu', weights_only=True)['epoch']
+
+
 def best_checkpoint(run_dir: Path, epochs: List[Dict], experiment: str) -> Tuple[int, Path]:
     """The run's best epoch and its checkpoint: ``model_best.pth.tar``, or, where a resume started train.py's choice
     afresh (its best is then the best since the resume), that epoch's ``checkpoint-N.pth.tar``, which train.py keeps
     among its ``--checkpoint-hist`` best."""
     best = best_on_validation(epochs)
     for path in (run_dir / 'model_best.pth.tar', run_dir / f'checkpoint-{best}.pth.tar'):
-        if path.is_file() and read_checkpoint(path)['epoch'] == best:
+        if path.is_file() and checkpoint_epoch(path) == best:
             return best, path
     raise RuntimeError(f'{experiment}: no checkpoint of epoch {best}, the best on the validation split (train.py '
                        f'kept another as model_best after a resume, and deleted it): train the run again (remove '

@@ -24,15 +24,13 @@ a compiled model, the wait for compiling before the first step (as train.py's ``
 ``--cold-compile`` each process starts with empty compiler caches, as a first run does; without it, the caches hold
 what the timing compiled, as a rerun finds them.
 
-Arithmetic: GMACs of one image's forward pass (torch's FLOP counter) and the ceiling, the baseline's MACs over the
-model's: the ratio a model would reach running its arithmetic as fast as the baseline runs its own. QIMIA's reads over
-depth are element-wise, uncounted and bound by memory: ``reads MB/img`` is what one image's forward pass reads as keys
-and values, and the roofline charges those bytes at the device's copy bandwidth (measured at the start) on top of the
-ceiling's arithmetic; a training step moves them four times (the backward pass reads every entry again and adds into
-its gradient). ``--json PATH`` writes the environment (device, versions, command, date) and every round, with the
-Markdown table beside it (``.md``).
+Arithmetic and launches: GMACs of one image's forward pass (torch's FLOP counter) and the ceiling, the baseline's
+MACs over the model's; and ops/step, the aten operators one training step (forward and backward) dispatches, the
+CPU's count of what a GPU launches as kernels in eager mode, where a small model's step is bound by launches.
+``--json PATH`` writes the environment (device, versions, command, date) and every round, with the Markdown table
+beside it (``.md``).
 
-    python benchmarks/throughput.py --mixer --compiled                               # the CPU table
+    python benchmarks/throughput.py --compiled --batch-size 64                      # every tiny model, the CPU table
     python benchmarks/throughput.py --models vit_qimia_tiny --variants memory_block_size=4 memory_block_size=5
     python benchmarks/throughput.py --device cuda --amp --compiled --mixer --models vit_hyperbf_tiny vit_qimia_tiny \\
         --batch-size 1024 --json speed.json
@@ -57,20 +55,19 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.layers import Mlp
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import timm_hbf
 from timm_hbf.cli import ParseKwargs
-from timm_hbf.layers import DepthAttention
 from timm_hbf.models import PretrainedWeightsError, VisionTransformerQimia
 
 MMAP_THRESHOLD = 128 * 1024  # bytes: see the module docstring
-READ_PASSES = {False: 1, True: 4}  # times inference and a training step move the reads' entries
 BASELINE, MIXER = 'timm ViT', 'timm MLP-Mixer'
 LAYER, LAYER_BASELINE = 'HyperBFAttention', 'timm Attention (SDPA)'
-DEFAULT_MODELS = ['vit_hyperbf_tiny', 'vit_hyperbf_tiny_patch16_224', 'vit_qimia_tiny']
-DEFAULT_BATCH = {  # (CPU, CUDA)
-    'vit_hyperbf_tiny': (128, 1024), 'vit_hyperbf_tiny_patch16_224': (32, 256), 'vit_qimia_tiny': (128, 1024)}
+DEFAULT_MODELS = ['vit_hyperbf_tiny', 'vit_hyperbf_nrbf_tiny', 'vit_qimia_tiny', 'vit_attnres_tiny',
+                  'vit_attnres_block_tiny']
+DEFAULT_BATCH = (64, 1024)  # CPU, CUDA
 
 
 def mlp_hidden(body: torch.nn.Module) -> int:
@@ -249,36 +246,27 @@ def forward_macs(spec: dict) -> int:
     return counter.get_total_flops() // 2
 
 
-def read_bytes(spec: dict, amp: bool) -> float:
-    """Bytes of keys and values one image's forward pass reads over depth (QIMIA's ``DepthAttention`` reads, in the
-    dtypes the model runs in), counted at batch 2 less batch 1 so that entries shared by the batch count once."""
-    model = build(spec, 'cpu').eval()
-    read = []
-    for module in model.modules():
-        if isinstance(module, DepthAttention):
-            module.register_forward_pre_hook(
-                lambda module, args: read.append(sum(t.numel() * t.element_size() for a in args for t in a)))
-    totals = []
-    for batch_size in (1, 2):
-        read.clear()
-        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):
-            model(torch.randn(batch_size, *spec['input_size']))
-        totals.append(sum(read))
-    return float(totals[1] - totals[0])
+class _OpCount(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
-def copy_bandwidth(device: str) -> float:
-    """Bytes/s read and written when copying 256 MiB, median of 5."""
-    source = torch.randn(64 * 2 ** 20, device=device)
-    target = torch.empty_like(source)
-    seconds = []
-    for _ in range(6):
-        sync(device)
-        start = time.perf_counter()
-        target.copy_(source)
-        sync(device)
-        seconds.append(time.perf_counter() - start)
-    return 2 * source.numel() * source.element_size() / statistics.median(seconds[1:])
+def ops_per_step(spec: dict) -> int:
+    """aten operators dispatched by one eager training step's forward and backward pass (at batch 2: the count does
+    not depend on the batch), after a first step."""
+    model = build(spec, 'cpu').train()
+    batch = torch.randn(2, *spec['input_size'])
+    for counting in (False, True):
+        with _OpCount() if counting else torch.enable_grad() as counter:
+            out = model(batch)
+            loss = F.cross_entropy(out, torch.zeros(2, dtype=torch.long)) if model.num_classes else out.mean()
+            loss.backward()
+    return counter.count
 
 
 def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
@@ -302,7 +290,7 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
         specs.update({f'{name}, {variant}': dict(args.model_kwargs, **kwargs, model_name=name)
                       for variant, kwargs in args.variants.items()})
         specs.update(baselines(dims, args.mixer))
-        batch_size = args.batch_size or DEFAULT_BATCH.get(name, (32, 256))[cuda]
+        batch_size = args.batch_size or DEFAULT_BATCH[cuda]
         found.append((f'{input_size[-1]}/{meta.patch_embed.patch_size[0]}', batch_size,
                       {label: dict(spec, input_size=input_size) for label, spec in specs.items()}))
     return found
@@ -330,11 +318,11 @@ def fresh_process_steps(
         return {job[:3]: result for job, result in zip(jobs, measured)}
 
 
-def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth: float) -> List[dict]:
-    """One row per mode (inference, training) with every model's speed, memory, ratios, ceiling and roofline."""
+def measure(case: str, batch_size: int, specs: Dict[str, dict], args) -> List[dict]:
+    """One row per mode (inference, training) with every model's speed, memory, ratios, ceiling and operators."""
     reference = next(label for label in specs if label in (BASELINE, LAYER_BASELINE))
     macs = {label: forward_macs(spec) for label, spec in specs.items()}
-    reads = {label: read_bytes(spec, args.amp) for label, spec in specs.items()}
+    ops = {label: ops_per_step(spec) for label, spec in specs.items()} if not args.attention else {}
     rounds = {}
     for mode in args.modes:  # the speeds first, printed as they come; the memory after, in parallel processes
         rounds[mode] = throughput(specs, batch_size, mode == 'train', args)
@@ -348,18 +336,17 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth:
         row = dict(case=case, mode=mode, batch_size=batch_size, models={})
         for label, spec in specs.items():
             ceiling = macs[reference] / macs[label]
-            entry = row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=ceiling, read_bytes=reads[label])
+            entry = row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=ceiling,
+                                                ops_per_step=ops.get(label), ops_ratio=ops[label] / ops[reference]
+                                                if ops else None)
             for execution, _ in executions(args):
                 mine, theirs = rounds[mode][label, execution], rounds[mode][reference, execution]
                 ratios = [a / b for a, b in zip(mine, theirs)]
-                # the baseline's time per image over the model's: its arithmetic at the baseline's rate, plus its
-                # reads' bytes at the copy bandwidth
-                roofline = 1 / (1 / ceiling + READ_PASSES[train] * reads[label] * statistics.median(theirs) / bandwidth)
                 (peak, first_step), (reference_peak, reference_first) = (
                     fresh[label, train, execution], fresh[reference, train, execution])
                 entry[execution] = dict(
                     images_per_s=statistics.median(mine), rounds=mine, throughput_ratio=statistics.median(ratios),
-                    throughput_ratio_range=[min(ratios), max(ratios)], roofline=roofline, peak_mib=peak,
+                    throughput_ratio_range=[min(ratios), max(ratios)], peak_mib=peak,
                     memory_ratio=peak / reference_peak, first_step_s=first_step,
                     first_step_ratio=first_step / reference_first)
         rows.append(row)
@@ -373,21 +360,20 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args, bandwidth:
 
 def markdown_table(rows: List[dict], args) -> str:
     """One line per case, mode and model; ratios to the baseline of the same case, mode and execution."""
-    header = '| model | input | mode | batch | GMACs | ceiling | reads MB/img |'
+    header = '| model | input | mode | batch | GMACs | ops/step | ratio |'
     for execution, _ in executions(args):
-        header += f' {execution} /s | ratio (range) | roofline | of roofline | peak MiB | memory ratio |' \
-                  ' first step s | ratio |'
+        header += f' {execution} /s | ratio (range) | peak MiB | memory ratio | first step s | ratio |'
     lines = [header, '|' + '---|' * (header.count('|') - 1)]
     for row in rows:
         for label, m in row['models'].items():
-            line = f"| {label} | {row['case']} | {row['mode']} | {row['batch_size']} | {m['macs'] / 1e9:.3f} | " \
-                   f"{m['ceiling']:.2f} | {m['read_bytes'] / 1e6:.1f} |"
+            ops = f"{m['ops_per_step']} | {m['ops_ratio']:.2f}" if m['ops_per_step'] else '- | -'
+            line = f"| {label} | {row['case']} | {row['mode']} | {row['batch_size']} | {m['macs'] / 1e9:.3f} | {ops} |"
             for execution, _ in executions(args):
                 x = m[execution]
                 low, high = x['throughput_ratio_range']
                 line += f" {x['images_per_s']:.1f} | {x['throughput_ratio']:.2f} ({low:.2f}-{high:.2f}) | " \
-                        f"{x['roofline']:.2f} | {x['throughput_ratio'] / x['roofline']:.2f} | {x['peak_mib']:.0f} | " \
-                        f"{x['memory_ratio']:.2f} | {x['first_step_s']:.1f} | {x['first_step_ratio']:.2f} |"
+                        f"{x['peak_mib']:.0f} | {x['memory_ratio']:.2f} | {x['first_step_s']:.1f} | " \
+                        f"{x['first_step_ratio']:.2f} |"
             lines.append(line)
     return '\n'.join(lines)
 
@@ -515,12 +501,11 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
         return []
     found = cases(args)  # every model built (on the meta device) before any is measured
     env = environment(args)
-    env['copy_bandwidth_gbs'] = copy_bandwidth(args.device) / 1e9
-    title = f"{env['device']}, {env['threads']} threads, copy bandwidth {env['copy_bandwidth_gbs']:.1f} GB/s, " \
+    title = f"{env['device']}, {env['threads']} threads, " \
             f"torch {env['torch']}, timm {env['timm']}, {env['date']}{', bf16 autocast' if args.amp else ''}"
     rows = []
     for case in found:  # the files are rewritten after every case: a run stopped early keeps what it measured
-        rows += measure(*case, args, env['copy_bandwidth_gbs'] * 1e9)
+        rows += measure(*case, args)
         if args.json:
             write_results(args.json, env, title, rows, args)
     print(f'\n{title}\n\n{markdown_table(rows, args)}')

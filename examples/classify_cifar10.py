@@ -1,15 +1,14 @@
 """Classify real CIFAR-10 test images with the pretrained models, offline: accuracy per model and per class, and a
 picture of what they see (a grid of test images with each model's prediction, and each model's confusion matrix).
 
-    python examples/classify_cifar10.py                          # every model's best weights, the repository's sample
+    python examples/classify_cifar10.py                          # every model with weights, the repository's sample
     python examples/classify_cifar10.py --data cifar10/          # the full 10,000-image test set (folder or archive)
-    python examples/classify_cifar10.py --models vit_hyperbf_tiny.cifar10_short hf-hub:ORG/NAME local-dir:PATH
+    python examples/classify_cifar10.py --models vit_qimia_tiny.cifar10_30ep hf-hub:ORG/NAME local-dir:PATH
 
 ``--data`` is a CIFAR-10 folder or ``.tar.gz`` archive holding ``test/<class>/*.jpg`` (ImageFolder layout); the
 default is the sample that comes with the repository (20 test images of every class). ``--models`` takes any name
-``timm.create_model(NAME, pretrained=True)`` takes; the default is every model of timm-hbf with shipped weights, at
-its default tag (its most accurate weights; the others load by their full name, as above). Writes ``results.json`` and
-``predictions.png`` into ``--out``.
+``timm.create_model(NAME, pretrained=True)`` takes; the default is every model of timm-hbf with shipped weights, by
+the full name of its default tag. Writes ``results.json`` and ``predictions.png`` into ``--out``.
 """
 import argparse
 import json

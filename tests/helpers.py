@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
+import venv
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Dict, List, Tuple
@@ -38,6 +40,32 @@ def build_distribution(target: str, folder: Path) -> Path:
     assert proc.returncode == 0, f'$ {" ".join(build)}\n{proc.stdout}{proc.stderr}'
     (built,) = folder.iterdir()
     return built
+
+
+def install(env: Path, source: Path, editable: bool = False) -> Path:
+    """``source`` (a built wheel, or the repository for an editable install) installed into a new virtual environment
+    ``env`` with pip's ``--no-deps --no-build-isolation`` (built with this environment's backend: no package index
+    needed). ``env`` sees torch, timm and the rest through a ``.pth`` file naming this environment's site-packages,
+    whose own ``.pth`` files (among them this environment's install of timm-hbf) it does not run."""
+    require_build_backend('installing timm-hbf')
+    venv.create(env, with_pip=False)
+    site_packages = subprocess.run(
+        [str(env / 'bin' / 'python'), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+        capture_output=True, text=True, check=True).stdout.strip()
+    # the name sorts before the .pth files of the install
+    Path(site_packages, '0_parent_env.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
+    cmd = [sys.executable, '-m', 'pip', '--python', str(env / 'bin' / 'python'), 'install', '--no-deps',
+           '--no-build-isolation', '--quiet', *(['--editable'] if editable else []), str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f'$ {" ".join(cmd)}\n{proc.stdout}{proc.stderr}'
+    return env
+
+
+def run_in(env: Path, *args: str, cwd: Path, timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
+    """``env``'s ``bin/ARGS[0]`` (``python``, or a command the install put there) run with ``ARGS[1:]`` in ``cwd``,
+    ``extra_env`` added to the environment."""
+    return subprocess.run([str(env / 'bin' / args[0]), *args[1:]], cwd=cwd, env=dict(os.environ, **extra_env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 class ShapeRecorder(TorchFunctionMode):

@@ -29,7 +29,7 @@ import timm
 
 import timm_hbf
 
-pytestmark = pytest.mark.timm_suite
+pytestmark = [pytest.mark.slow, pytest.mark.timm_suite]
 
 SDIST_VARIABLE = 'TIMM_HBF_TIMM_SDIST'  # a timm-VERSION.tar.gz, or a folder holding it
 

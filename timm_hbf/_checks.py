@@ -1,4 +1,5 @@
-"""Argument checks of the layers and models. Each raises naming the argument, the value and what is allowed:
+"""Argument checks of the layers and models, for values that would otherwise build a silently wrong model or fail deep
+inside. Each raises naming the argument, the value and what is allowed:
 
     {name} must be {allowed}, got {value!r}.            ValueError: a value out of range or not among the choices
     {name} must be {allowed}, got {value!r} ({type}).   TypeError: a value of the wrong kind
@@ -48,7 +49,7 @@ def check_rate(name: str, value: Any) -> None:
 
 
 def check_flag(name: str, value: Any) -> None:
-    """True or False (1, 'False' and None are refused)."""
+    """True or False, where another value would pass for a choice the caller did not make."""
     if not isinstance(value, bool):
         fail(name, value, 'True or False', TypeError)
 
@@ -61,11 +62,8 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
 
 def check_vit_arguments(args: Mapping[str, Any]) -> None:
     """The arguments of timm's ``VisionTransformer`` that both families take, those of them in ``args``: timm's ViT
-    builds a model without blocks at ``depth=0`` and one without a head at ``num_classes=-1``, and fails deep inside
-    on a string ``img_size``."""
-    for name in ('qkv_bias', 'qk_norm', 'class_token', 'dynamic_img_size', 'dynamic_img_pad'):
-        if name in args:
-            check_flag(name, args[name])
+    builds a model without blocks at ``depth=0`` and one without a head at ``num_classes=-1``, drops every path at
+    ``drop_path_rate=1``, and fails deep inside on a string ``img_size`` or a fractional count."""
     for name, low in (('in_chans', 1), ('num_classes', 0), ('embed_dim', 1), ('depth', 1), ('num_heads', 1),
                       ('reg_tokens', 0)):
         if name in args:

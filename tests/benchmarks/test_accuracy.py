@@ -3,7 +3,8 @@ train images, validate.py measures it once on the test split, and the table sums
 
 No package on the index ships timm's train.py and validate.py (they are in timm's git repository only), so these
 tests give the script two stand-ins that record their arguments and write what the real scripts write
-(``args.yaml``, ``summary.csv``, a checkpoint, the results JSON)."""
+(``args.yaml``, ``summary.csv``, a checkpoint, the results JSON). The tests that run them, a process each, are
+slow."""
 import argparse
 import json
 import re
@@ -80,6 +81,7 @@ def test_validation_images_are_held_out_per_class_and_the_test_split_is_untouche
     assert (split / 'test').resolve() == (cifar10_sample / 'test').resolve()
 
 
+@pytest.mark.slow
 def test_runs_train_on_train_choose_on_val_test_once_and_sum_up_the_seeds(cifar10_sample, scripts, tmp_path):
     out = tmp_path / 'out'
     record = accuracy('--scripts', str(scripts), '--data', str(cifar10_sample), '--recipe', str(MODERN),
@@ -124,6 +126,7 @@ def test_a_variant_trains_its_model_with_its_own_arguments_on_top_of_every_runs(
     assert variant[len(plain):] == ['--model-kwargs', *every_runs, 'keys_from_values=True', 'depth_num_heads=1']
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_checkpoint(cifar10_sample, scripts,
                                                                                       tmp_path):
     out = tmp_path / 'out'
@@ -154,6 +157,7 @@ def test_a_finished_run_is_read_back_and_one_cut_short_resumes_from_its_last_che
     assert json.loads((out / 'accuracy.json').read_text())['runs'] == again  # the record stays
 
 
+@pytest.mark.slow
 def test_every_run_logs_to_a_file_of_its_own_even_where_a_variant_holds_a_decimal_point(cifar10_sample, scripts,
                                                                                          tmp_path):
     out = tmp_path / 'out'
@@ -169,6 +173,7 @@ def test_every_run_logs_to_a_file_of_its_own_even_where_a_variant_holds_a_decima
     assert 'attn_gamma_init=0.5' not in logs['vit_hyperbf_tiny+attn_gamma_init=0.25-seed42.log']
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, tmp_path):
     out = tmp_path / 'out'
     with pytest.raises(SystemExit, match=r'vit_attnres_tiny-seed42: train.py failed, see .*attnres_tiny-seed42.log'):
@@ -178,6 +183,7 @@ def test_a_failed_run_is_named_and_the_others_are_kept(cifar10_sample, scripts, 
     assert 'the run failed' in (out / 'runs' / 'vit_attnres_tiny-seed42.log').read_text()
 
 
+@pytest.mark.slow
 def test_when_every_run_fails_the_record_of_an_earlier_call_stays(cifar10_sample, scripts, tmp_path):
     out = tmp_path / 'out'
     argv = ['--scripts', str(scripts), '--data', str(cifar10_sample), '--val-per-class', '10', '--out', str(out)]
@@ -188,6 +194,7 @@ def test_when_every_run_fails_the_record_of_an_earlier_call_stays(cifar10_sample
     assert {name: (out / name).read_bytes() for name in earlier} == earlier
 
 
+@pytest.mark.slow
 def test_the_split_is_made_anew_only_where_it_holds_links_alone(cifar10_sample, scripts, tmp_path):
     """The script deletes and remakes --out/data: a folder there with a file of its own, or the --data given, is
     refused and left as it was."""

@@ -39,7 +39,7 @@ def make_run(root: Path, model: str, top1: list, batch_s: float) -> Path:
     return run
 
 
-def test_runs_are_recorded_with_their_last_epoch_their_times_and_the_ratio_to_the_baseline(tmp_path):
+def test_runs_are_recorded_with_their_last_epoch_and_their_times(tmp_path):
     runs = [make_run(tmp_path, 'vit_tiny_patch16_224', [40., 60., 70.], 2.),
             make_run(tmp_path, 'hbf', [45., 72., 63.], 4.)]
     result = load_module(ROOT / 'benchmarks' / 'record_runs.py').main(
@@ -52,8 +52,6 @@ def test_runs_are_recorded_with_their_last_epoch_their_times_and_the_ratio_to_th
     assert hbf['cpu_hours'] == pytest.approx(39. / 3600.)
     assert hbf['started'] == ['2026-11-25T13:00:00Z', '2026-11-25T15:00:00Z'] and len(hbf['commands']) == 2
     assert result['versions']['torch'] and result['machine']['cpu']
-    table = (tmp_path / 'out' / 'runs.md').read_text()
-    assert '| `hbf` | 3 | 63.00 | 0.900 |' in table
     assert json.loads((tmp_path / 'out' / 'runs.json').read_text())['runs'][0]['model'] == 'vit_tiny_patch16_224'
     assert (tmp_path / 'out' / 'runs.png').stat().st_size > 0
 

@@ -46,6 +46,7 @@ def test_the_heatmaps_numbers_are_written_beside_it(heatmap_script, cifar10_samp
     assert record['query_norm'] == pytest.approx(stats['query_norm'].tolist(), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_the_pretrained_model_reads_selectively(heatmap_script, cifar10_sample, tmp_path):
     stats = heatmap_script.main(['--model', 'vit_qimia_tiny', '--pretrained', '--data', str(cifar10_sample),
                                  '--images', '32', '--out', str(tmp_path / 'heatmap.png')])

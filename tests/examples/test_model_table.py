@@ -40,6 +40,7 @@ ONE_OF_EACH = ['vit_hyperbf_tiny', 'vit_attnres_block_tiny', 'vit_hyperbf_tiny_p
                'vit_qimia_tiny_patch16_224']
 
 
+@pytest.mark.slow
 def test_model_table(capsys, one_thread, cifar10_sample, script):
     script.main(['--data', str(cifar10_sample), '--models', *ONE_OF_EACH, '--limit', '20', '--limit-224', '4',
                  '--batch-size', '10', *one_thread])
@@ -56,12 +57,12 @@ def test_model_table(capsys, one_thread, cifar10_sample, script):
 
 
 def readme_model_table() -> dict:
-    """The README's model table as {name: (params, GMACs, input)}. Its rows name several models in two shorthands:
-    `a`, `b` (one value for each) and `a_{x,y}_b` (the values `1 / 2` in the order of the braces)."""
+    """The README's model table as {name: (params, GMACs, input, pretrained tag)}. Its rows name several models in two
+    shorthands: `a`, `b` (one value for each) and `a_{x,y}_b` (the values `1 / 2` in the order of the braces)."""
     rows = {}
     for line in (ROOT / 'README.md').read_text().splitlines():
-        cells = [cell.strip() for cell in line.strip('|').split('|')]
-        if len(cells) != 4 or not re.fullmatch(r'\d+x\d+', cells[3]):
+        cells = [cell.strip() for cell in line.strip().strip('|').split('|')]
+        if len(cells) != 6 or not re.fullmatch(r'\d+x\d+', cells[3]):
             continue
         names = []
         for pattern in re.findall(r'`([^`]+)`', cells[0]):
@@ -71,14 +72,21 @@ def readme_model_table() -> dict:
         params, gmacs = (cell.split(' / ') for cell in cells[1:3])
         for i, name in enumerate(names):
             assert name not in rows, f'README.md lists {name} twice'
-            rows[name] = (params[i if len(params) > 1 else 0], gmacs[i if len(gmacs) > 1 else 0], cells[3])
+            rows[name] = (params[i if len(params) > 1 else 0], gmacs[i if len(gmacs) > 1 else 0], cells[3],
+                          cells[4].strip('`'))
     return rows
 
 
-def test_the_readme_table_lists_every_model_of_ours(script):
-    assert sorted(readme_model_table()) == sorted(script.model_names())
+def test_the_readme_table_lists_every_model_of_ours_with_the_tag_of_its_weights(script):
+    """A model with weights is listed with its default tag (the one ``pretrained=True`` loads), one without none."""
+    rows = readme_model_table()
+    assert sorted(rows) == sorted(script.model_names())
+    for name, (*_, tag) in rows.items():
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert tag == (cfg.tag if cfg.has_weights else ''), name
 
 
+@pytest.mark.slow
 def test_markdown_only_gives_the_readmes_params_and_gmacs(capsys, one_thread, script):
     """The README's rows of the tiny models are what ``--markdown-only`` prints (the larger ones are their code at
     other widths, and take a minute to count)."""
@@ -90,7 +98,7 @@ def test_markdown_only_gives_the_readmes_params_and_gmacs(capsys, one_thread, sc
     assert len(lines) == len(tiny) + 2 and all(ROW.match(line) for line in lines[2:])
     readme = readme_model_table()
     assert {name: values for name, *values in (ROW.match(line).groups()[:4] for line in lines[2:])} == \
-        {name: list(readme.get(name, ['not in README.md'])) for name in tiny}
+        {name: list(readme.get(name, ['not in README.md'])[:3]) for name in tiny}
 
 
 def test_gmacs_count_attention_as_timm_publishes_them(script):

@@ -1,5 +1,5 @@
 """Reading train.py's output: the checkpoint a folder stands for, EMA weights, the recipe, the metrics, and only
-weights-only unpickling."""
+weights-only unpickling (timm's reading)."""
 import argparse
 import pickle
 import shutil
@@ -150,7 +150,7 @@ def test_pickled_code_never_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize('name, message', [
-    ('missing.pth.tar', 'missing.pth.tar does not exist. Check the path.'),
+    ('missing.pth.tar', 'missing.pth.tar does not exist. Name the weights file.'),
     ('empty-folder', 'empty-folder has no model_best.pth.tar or last.pth.tar: name the checkpoint to push.'),
     ('notes.pth', 'notes.pth holds no weights: it is neither a checkpoint of train.py nor a state dict'),
 ])

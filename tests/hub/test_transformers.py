@@ -17,7 +17,8 @@ from .conftest import CIFAR10_LABELS, HYPERBF, QIMIA, TOKEN, hub_env, use_hub
 
 pytest.importorskip('transformers', reason='transformers is a test extra: pip install -e ".[test]"')
 # huggingface_hub's LFS upload passes bytes as data=, which its HTTP library deprecates: not ours to fix
-pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")
+pytestmark = [pytest.mark.slow,  # a transformers model round trip per test
+              pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning")]
 
 CLIENT_SCRIPT = Path(__file__).with_name('transformers_logits.py')
 REPOS = {HYPERBF: 'transformers/hbf', QIMIA: 'transformers/qimia'}

@@ -18,6 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import timm_hbf  # noqa: F401 (registers the models in the spawned processes)
 
+pytestmark = pytest.mark.slow  # every test spawns two processes; two of them compile
+
 WORLD = 2
 BATCH = 8  # BATCH // WORLD images a process
 STEPS = 2  # DDP finds a parameter without a gradient only when the next step starts

@@ -41,6 +41,7 @@ def test_exportable_builds_take_the_reference_attention_path(exported_model):
     assert attention and not any(m.fused_attn for m in attention)
 
 
+@pytest.mark.slow  # the dynamo exporter takes most of a minute a model
 def test_onnx_export_runs_in_onnxruntime_with_a_dynamic_batch(exported_model, images, tmp_path):
     path = tmp_path / 'model.onnx'
     torch.onnx.export(exported_model, (images[:2],), str(path), dynamo=True, input_names=['pixel_values'],

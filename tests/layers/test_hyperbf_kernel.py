@@ -111,7 +111,6 @@ def test_an_unknown_kernel_is_rejected_with_the_choices_named():
     ('eps', 0., ValueError, r"eps \(the Laplacian's offset under the square root\) must be a finite number > 0"),
     ('num_widths', 0, ValueError, r'num_widths must be an integer >= 1, got 0'),
     ('num_widths', 2.5, TypeError, r'num_widths must be an integer >= 1, got 2.5 \(float\)'),
-    ('mahalanobis', 'yes', TypeError, r"mahalanobis must be True or False, got 'yes' \(str\)"),
 ])
 def test_a_bad_argument_is_rejected_with_its_name_its_value_and_what_is_allowed(name, value, error, message):
     with pytest.raises(error, match=message):

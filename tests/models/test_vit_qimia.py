@@ -449,6 +449,7 @@ def test_every_option_at_once_gives_every_parameter_a_gradient(options, cifar10_
                                   in_scale=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', [pytest.param(n, marks=OUT_OF_SCALE) if n == 'vit_attnres_tiny' else n
                                   for n in NAMES if not n.endswith('224')])
 def test_every_model_gives_every_parameter_a_gradient_none_out_of_scale(name, cifar10_sample):
@@ -908,6 +909,7 @@ def test_the_checkpoint_filter_resamples_to_a_grid_of_as_many_positions_but_anot
 
 # --- torch.compile and export ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize('options', [{}, ALL_OPTIONS, ATTNRES, ALL_ATTNRES_OPTIONS],
                          ids=['default', 'every_option', 'attnres', 'every_attnres_option'])
 def test_compiles_whole_in_eval_and_training(options):
@@ -918,6 +920,7 @@ def test_compiles_whole_in_eval_and_training(options):
     compiled_matches_eager(model, images(), 'aot_eager')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('options', [{}, ATTNRES], ids=['qimia', 'attnres'])
 def test_compiles_whole_with_gradient_checkpointing(options):
     """train.py's --grad-checkpointing with --torchcompile: every layer's checkpoint goes into the one graph."""
@@ -928,6 +931,7 @@ def test_compiles_whole_with_gradient_checkpointing(options):
     compiled_matches_eager(model, images(), 'aot_eager')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('options', [{}, ATTNRES], ids=['qimia', 'attnres'])
 def test_compiles_whole_with_inductor(options):
     torch._dynamo.reset()

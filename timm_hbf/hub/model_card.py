@@ -40,15 +40,9 @@ def model_card(
         train: TrainOutput,
         label_names: Optional[Sequence[str]] = None,
 ) -> str:
-    """The Markdown of the model card: Hub metadata, usage, architecture and paper, recipe, metrics and the
-    training-curve image (:data:`CURVES_FILE`, pushed beside the card when the run has a ``summary.csv``).
-
-    Args:
-        repo_id: The repo the card is for.
-        model: The model as pushed.
-        train: The checkpoint and its training run.
-        label_names: Class names, in classifier order.
-    """
+    """The Markdown of the model card of the repo ``repo_id`` for ``model`` as pushed from ``train``: Hub metadata,
+    usage, architecture and paper, recipe, metrics and the training-curve image (:data:`CURVES_FILE`, pushed beside
+    the card when the run has a ``summary.csv``); ``label_names`` are the class names, in classifier order."""
     cfg = model.pretrained_cfg
     front = {'library_name': 'timm', 'license': cfg.get('license') or 'apache-2.0',
              'pipeline_tag': 'image-classification', 'tags': list(TAGS)}
@@ -67,21 +61,13 @@ def model_card(
 
 
 def plot_training_curves(summary: List[Dict[str, float]], path: Path, title: str, epoch: Optional[int] = None) -> None:
-    """Draw loss and top-1 accuracy per epoch from train.py's ``summary.csv`` rows into a PNG at ``path``.
-
-    Args:
-        summary: The rows of ``summary.csv``.
-        path: Where to write the PNG.
-        title: The figure title.
-        epoch: The epoch to mark (that of the pushed weights).
-    """
+    """Draw loss and top-1 accuracy per epoch from train.py's ``summary.csv`` rows into a PNG at ``path``, titled
+    ``title``, with ``epoch`` (that of the pushed weights) marked."""
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError as e:
-        raise HubError(
-            'Drawing the training curves needs matplotlib: pip install "timm-hbf[hub]" (or matplotlib).'
-        ) from e
+        raise HubError('Drawing the training curves needs matplotlib: pip install "timm-hbf[hub]".') from e
     panels = [(label, [c for c in curves if c[0] in summary[0]]) for label, curves in CURVE_PANELS]
     panels = [(label, curves) for label, curves in panels if curves]
     epochs = [row['epoch'] for row in summary]
@@ -154,25 +140,11 @@ def _details(train: TrainOutput, model: nn.Module, label_names: Optional[Sequenc
 def _recipe(args: Dict[str, Any]) -> str:
     if not args:
         return ''
-    rows = [f'| {k} | `{args[k]}` |' for k in RECIPE_KEYS if not _unset(args.get(k))]
-    published = {k: v for k, v in args.items() if k not in LOCAL_PATH_KEYS}
-    return '\n'.join([
-        '## Training recipe',
-        '',
-        "timm's `train.py` arguments (`args.yaml`):",
-        '',
-        '| argument | value |',
-        '|---|---|',
-        *rows,
-        '',
-        '<details><summary>All arguments (paths on the training machine left out)</summary>',
-        '',
-        '```yaml',
-        yaml.safe_dump(published, sort_keys=True).rstrip(),
-        '```',
-        '',
-        '</details>',
-    ])
+    rows = '\n'.join(f'| {k} | `{args[k]}` |' for k in RECIPE_KEYS if not _unset(args.get(k)))
+    published = yaml.safe_dump({k: v for k, v in args.items() if k not in LOCAL_PATH_KEYS}, sort_keys=True).rstrip()
+    return (f"## Training recipe\n\ntimm's `train.py` arguments (`args.yaml`):\n\n| argument | value |\n|---|---|\n"
+            f'{rows}\n\n<details><summary>All arguments (paths on the training machine left out)</summary>\n\n'
+            f'```yaml\n{published}\n```\n\n</details>')
 
 
 def _results(train: TrainOutput) -> str:

@@ -1,5 +1,6 @@
-"""Push a train.py checkpoint to the Hugging Face Hub as a timm model repo: ``config.json``, ``model.safetensors``
-and a model card with its training-curve image."""
+"""Push a train.py checkpoint to the Hugging Face Hub as a timm model repo: timm's ``save_for_hf`` files
+(``config.json``, ``model.safetensors``) and a model card with its training-curve image, in one commit of
+huggingface_hub's ``upload_folder``."""
 import json
 import shutil
 import tempfile
@@ -19,16 +20,13 @@ from .errors import HubError, hub_errors
 from .model_card import CURVES_FILE, model_card, plot_training_curves
 from .train_output import TrainOutput
 
-__all__ = ['FLOAT32_PARAM_NAMES', 'push_to_hub', 'to_storage_dtype', 'write_repo_folder']
+__all__ = ['FLOAT32_PARAM_NAMES', 'is_repo_id', 'push_to_hub', 'to_storage_dtype', 'write_repo_folder']
 
 # Kept in float32 whatever the file's dtype: the kernel widths are exponents (gamma = exp(log_gamma) scales squared
 # distances), rounding log_gamma to bf16 moves gamma by up to about 1 %, and they are few (9,252 in a tiny model).
-# What each choice does to a trained model's test predictions: docs/hyperbf.md.
 FLOAT32_PARAM_NAMES = ('log_gamma',)
 REPO_ID_FORM = ("ORG/NAME: names of letters, digits, '-', '_' and '.', neither starting nor ending with '-' or '.', "
                 "without '--' or '..', at most 96 characters each, NAME not ending in '.git'")
-WRITABLE = 'Choose a writable folder with free space.'
-WRITABLE_TMP = 'Free space in the temporary folder, or set TMPDIR to a writable folder with free space.'
 
 
 def to_storage_dtype(model: torch.nn.Module, dtype: torch.dtype,
@@ -44,38 +42,6 @@ def to_storage_dtype(model: torch.nn.Module, dtype: torch.dtype,
     return model
 
 
-def write_repo_folder(
-        train: TrainOutput,
-        folder: Union[str, Path],
-        repo_id: str,
-        label_names: Optional[Sequence[str]] = None,
-        pytorch_bin: bool = False,
-        dtype: Optional[torch.dtype] = None,
-) -> Path:
-    """Write the files of the model repo for ``train`` into the new folder ``folder``, all or nothing.
-
-    The files: ``config.json`` (architecture, number of classes, model arguments, preprocessing of train.py's
-    evaluation, label names: what timm's ``create_model('hf-hub:...')`` and transformers' timm wrapper read),
-    ``model.safetensors`` (and ``pytorch_model.bin`` with ``pytorch_bin``), ``README.md`` (the model card) and, when
-    the run has a ``summary.csv``, the training curves it shows.
-
-    Args:
-        train: The checkpoint and its training run.
-        folder: A folder that does not exist yet.
-        repo_id: The repo the files are for, ``ORG/NAME`` (named in the model card).
-        label_names: Class names, in classifier order.
-        pytorch_bin: Also write the weights as a (pickled) ``pytorch_model.bin``, for tools without safetensors.
-        dtype: Write the floating-point weights in this dtype (default: as in the checkpoint), but for the kernel
-            widths (``FLOAT32_PARAM_NAMES``), which stay float32; ``torch.bfloat16`` halves the files, and timm casts
-            them back to the model's dtype when it loads them.
-    """
-    folder = Path(folder)
-    if folder.exists():
-        raise HubError(f'{folder} already exists: name a new folder.')
-    _check_repo_id(repo_id)
-    return _write_repo_folder(train, folder, repo_id, label_names, pytorch_bin, dtype, WRITABLE)
-
-
 def is_repo_id(value: str) -> bool:
     """Whether ``value`` is a Hub model repo id of the form ``ORG/NAME`` (see ``REPO_ID_FORM``)."""
     try:
@@ -85,14 +51,31 @@ def is_repo_id(value: str) -> bool:
     return value.count('/') == 1
 
 
-def _check_repo_id(repo_id: str) -> None:
-    if not is_repo_id(repo_id):
-        raise HubError(f'repo_id must be {REPO_ID_FORM}, got {repo_id!r}.')
+def write_repo_folder(
+        train: TrainOutput,
+        folder: Union[str, Path],
+        repo_id: str,
+        label_names: Optional[Sequence[str]] = None,
+        pytorch_bin: bool = False,
+        dtype: Optional[torch.dtype] = None,
+) -> Path:
+    """Write the files of the model repo for ``train`` into the new folder ``folder``, all or nothing: timm's
+    ``config.json`` (architecture, model arguments, input and preprocessing of train.py's evaluation, class names) and
+    ``model.safetensors`` (and ``pytorch_model.bin`` with ``pytorch_bin``), the model card ``README.md`` for
+    ``repo_id`` and, where the run has a ``summary.csv``, the training curves it shows. ``dtype`` writes the
+    floating-point weights in that dtype (default: as in the checkpoint), but for the kernel widths
+    (``FLOAT32_PARAM_NAMES``), which stay float32; ``torch.bfloat16`` halves the files, and timm casts them back to
+    the model's dtype when it loads them. ``label_names`` are the class names, in classifier order."""
+    folder = Path(folder)
+    if folder.exists():
+        raise HubError(f'{folder} already exists: name a new folder.')
+    return _write_repo_folder(train, folder, repo_id, label_names, pytorch_bin, dtype)
 
 
 def _write_repo_folder(train: TrainOutput, folder: Path, repo_id: str, label_names: Optional[Sequence[str]],
-                       pytorch_bin: bool, dtype: Optional[torch.dtype], fix: str) -> Path:
-    """:func:`write_repo_folder` of checked arguments; where ``folder`` cannot be written, the error says ``fix``."""
+                       pytorch_bin: bool, dtype: Optional[torch.dtype], where: str = 'a writable folder') -> Path:
+    if not is_repo_id(repo_id):
+        raise HubError(f'repo_id must be {REPO_ID_FORM}, got {repo_id!r}.')
     model = train.create_model()
     if dtype is not None:
         to_storage_dtype(model, dtype)
@@ -108,40 +91,28 @@ def _write_repo_folder(train: TrainOutput, folder: Path, repo_id: str, label_nam
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f'.{folder.name}.', dir=folder.parent))
-    except OSError as e:  # a parent is a file, the place is read-only
-        raise _cannot_write(folder, e, fix) from e
-    try:
-        save_for_hf(
-            model,
-            partial,
-            model_config={'label_names': list(label_names)} if label_names else None,
-            model_args={**input_args, **train.model_kwargs},
-            safe_serialization='both' if pytorch_bin else True,
-        )
-        _class_count_at_top_level(partial / 'config.json')
-        if train.summary:
-            plot_training_curves(train.summary, partial / CURVES_FILE, title=f'{repo_id} ({train.arch})',
-                                 epoch=train.epoch)
-        (partial / 'README.md').write_text(model_card(repo_id, model, train, label_names), encoding='utf-8')
-        partial.rename(folder)
-    except BaseException as e:
-        shutil.rmtree(partial)
-        if isinstance(e, (OSError, SafetensorError)):  # a full disk (safetensors reports it as its own error)
-            raise _cannot_write(folder, e, fix) from e
-        raise
+        try:
+            save_for_hf(model, partial, model_config={'label_names': list(label_names)} if label_names else None,
+                        model_args={**input_args, **train.model_kwargs},
+                        safe_serialization='both' if pytorch_bin else True)
+            _class_count_at_top_level(partial / 'config.json')
+            if train.summary:
+                plot_training_curves(train.summary, partial / CURVES_FILE, title=f'{repo_id} ({train.arch})',
+                                     epoch=train.epoch)
+            (partial / 'README.md').write_text(model_card(repo_id, model, train, label_names), encoding='utf-8')
+            partial.rename(folder)
+        except BaseException:
+            shutil.rmtree(partial)
+            raise
+    except (OSError, SafetensorError) as e:  # a read-only place, a full disk (safetensors reports it as its own)
+        raise HubError(f'cannot write {folder}: {e}. Choose {where} with free space.') from e
     return folder
 
 
-def _cannot_write(folder: Path, err: Exception, fix: str) -> HubError:
-    return HubError(f'cannot write {folder}: {err}. {fix}')
-
-
 def _input_of(model: torch.nn.Module) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """The input a ViT-shaped ``model`` takes as built, which model arguments (``img_size``, ``in_chans``,
-    ``dynamic_img_size``) can make differ from its tag's, as pretrained-cfg entries (the patch embedding's channels
-    and image size, fixed unless ``dynamic_img_size``; the tag's normalisation averaged over the channels where their
-    number differs) and as the model arguments that rebuild it at that size (a model whose cfg does not fix its size
-    is built at its default size)."""
+    """The input a ViT-shaped ``model`` takes as built, which ``img_size``, ``in_chans`` and ``dynamic_img_size`` can
+    make differ from its tag's: as pretrained-cfg entries (the tag's normalisation averaged over the channels where
+    their number differs) and as the model arguments that rebuild it at that size."""
     embed = getattr(model, 'patch_embed', None)
     if embed is None or not isinstance(getattr(embed, 'proj', None), torch.nn.Conv2d):
         return {}, {}
@@ -154,14 +125,10 @@ def _input_of(model: torch.nn.Module) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 
 def _class_count_at_top_level(config: Path) -> None:
-    """Keep the number of classes of ``config`` (a ``config.json`` of timm's ``save_for_hf``) out of its
-    ``model_args``, at the top level only.
-
-    timm reads it there and builds the head from it, so ``timm.create_model('hf-hub:...', num_classes=N)`` still
-    adapts the head; transformers' timm wrapper reads it there too, as ``num_labels``, and passes it to
-    ``timm.create_model`` beside ``model_args``, so a copy in ``model_args`` fails with "got multiple values for
-    keyword argument 'num_classes'". timm 1.0.31 writes that copy whatever ``model_args`` it is given.
-    """
+    """Keep the number of classes of a ``config.json`` of ``save_for_hf`` at its top level only, out of its
+    ``model_args`` (where timm 1.0.31 writes a copy): transformers' timm wrapper passes the top-level one to
+    ``timm.create_model`` beside ``model_args``, and a copy there fails with "got multiple values for keyword argument
+    'num_classes'"; timm reads it there too, so ``num_classes=N`` still adapts the head."""
     content = json.loads(config.read_text())
     content.get('model_args', {}).pop('num_classes', None)
     config.write_text(json.dumps(content, indent=2))
@@ -177,33 +144,20 @@ def push_to_hub(
         pytorch_bin: bool = False,
         dtype: Optional[torch.dtype] = None,
 ) -> CommitInfo:
-    """Push ``train`` to the Hub repo ``repo_id`` in one commit (the files of :func:`write_repo_folder`).
-
-    The repo is created if missing (``private`` then applies), and so is the branch ``revision``. The model card is
-    written anew on every push.
-
-    Args:
-        train: The checkpoint and its training run.
-        repo_id: ``ORG/NAME``.
-        label_names: Class names, in classifier order.
-        private: Create the repo private.
-        revision: The branch to commit to (default: main).
-        create_pr: Open a pull request with the commit instead of committing to the branch.
-        pytorch_bin: Also push the weights as a (pickled) ``pytorch_model.bin``.
-        dtype: Push the floating-point weights in this dtype (default: as in the checkpoint).
-    """
-    _check_repo_id(repo_id)
+    """Push the files of :func:`write_repo_folder` to the Hub repo ``repo_id`` (``ORG/NAME``) in one commit, to the
+    branch ``revision`` (default: main) or, with ``create_pr``, as a pull request. The repo (``private`` if asked) and
+    the branch are created if missing; the model card is written anew on every push."""
     if constants.HF_HUB_OFFLINE:
         raise HubError(f'Pushing to {repo_id} needs the network, but HF_HUB_OFFLINE=1 is set: unset HF_HUB_OFFLINE '
                        'to push (timm-hbf push --dry-run writes the files without pushing).')
     api = HfApi(library_name='timm-hbf', library_version=__version__)
     epoch = f', epoch {train.epoch}' if train.epoch is not None else ''
-    message = f'Add {train.arch} weights ({train.checkpoint.name}{epoch})'
     with tempfile.TemporaryDirectory() as tmp:
-        folder = _write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin, dtype, WRITABLE_TMP)
-        with hub_errors('Pushing to', repo_id, revision):
+        folder = _write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin, dtype,
+                                    where='a temporary folder (TMPDIR)')
+        with hub_errors(repo_id, revision):
             repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
             if revision is not None:
                 api.create_branch(repo_id, branch=revision, exist_ok=True)
-            return api.upload_folder(
-                repo_id=repo_id, folder_path=folder, revision=revision, create_pr=create_pr, commit_message=message)
+            return api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, create_pr=create_pr,
+                                     commit_message=f'Add {train.arch} weights ({train.checkpoint.name}{epoch})')

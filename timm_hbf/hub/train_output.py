@@ -1,5 +1,5 @@
 """What timm's train.py leaves in its output folder: checkpoints, ``args.yaml`` (its arguments) and ``summary.csv``
-(one row of metrics per epoch), read without running any code from the files."""
+(one row of metrics per epoch), read without running any code from the files (timm's weights-only reading)."""
 import argparse
 import csv
 from dataclasses import dataclass
@@ -11,7 +11,7 @@ import torch
 import yaml
 from timm.models import get_pretrained_cfg
 
-from ..models._builder import WeightsFileError, read_checkpoint, state_dict_mismatch, weights_of
+from ..models import PretrainedWeightsError, read_weights, state_dict_mismatch
 from .errors import HubError
 
 __all__ = ['TrainOutput', 'read_summary', 'read_train_output']
@@ -21,21 +21,11 @@ CHECKPOINT_NAMES = ('model_best.pth.tar', 'last.pth.tar')  # what a folder stand
 
 @dataclass
 class TrainOutput:
-    """A checkpoint with the recipe and metrics of its training run.
-
-    Attributes:
-        checkpoint: The checkpoint file.
-        arch: The model name, as ``timm.create_model`` takes it.
-        model_kwargs: Keyword arguments that rebuild the model the weights belong to.
-        state_dict: The weights.
-        ema: Whether they are the EMA weights.
-        epoch: The epoch the checkpoint was saved at, if it says.
-        args: train.py's arguments (``args.yaml``, else those stored in the checkpoint), empty if unknown.
-        summary: ``summary.csv``, one dict per epoch with numbers for values, empty if absent.
-        arch_source: Where ``arch`` comes from, for messages: ``'--model'`` (the caller), or the file that names it.
-        model_kwargs_source: Where ``model_kwargs`` come from, besides the classes and input channels of the weights:
-            ``'--model-kwargs'`` (the caller), the file that records them, or None where nothing does.
-    """
+    """A checkpoint (its ``arch``, the ``model_kwargs`` that rebuild it, its weights, EMA or not, and ``epoch``) with
+    the recipe and metrics of its training run: train.py's ``args`` (``args.yaml``, else those stored in the
+    checkpoint) and ``summary`` (``summary.csv``, one dict of numbers per epoch), each empty if unknown. For messages:
+    where ``arch`` comes from (``'--model'`` or the file that names it), and the model arguments besides the classes
+    and input channels of the weights (``'--model-kwargs'``, the file that records them, or None)."""
     checkpoint: Path
     arch: str
     model_kwargs: Dict[str, Any]
@@ -52,29 +42,26 @@ class TrainOutput:
         try:
             model = timm.create_model(self.arch, **self.model_kwargs)
         except (TypeError, ValueError) as e:  # an argument the model does not take, or a value it refuses
-            raise HubError(f'{self.arch} cannot be built with {self.model_kwargs} ({self._kwargs_origin()}): {e}. '
+            raise HubError(f'{self.arch} cannot be built with {self.model_kwargs} ({self._origin()}): {e}. '
                            f'{self._fix()}.') from e
         mismatch = state_dict_mismatch(model.state_dict(), self.state_dict)
         if mismatch:
             raise HubError(f'{self.checkpoint} does not fit {self.arch} built with {self.model_kwargs} '
-                           f'({self._kwargs_origin()}): {mismatch}. {self._fix()}.')
+                           f'({self._origin()}): {mismatch}. {self._fix()}.')
         model.load_state_dict(self.state_dict)
         return model.eval()
 
-    def _kwargs_origin(self) -> str:
-        """Where :attr:`model_kwargs` come from, besides the classes and channels of the weights."""
-        if self.model_kwargs_source is None:
-            return 'no model arguments: neither the checkpoint nor an args.yaml beside it records them'
-        if self.model_kwargs_source == '--model-kwargs':
-            return 'the model arguments given with --model-kwargs'
+    def _origin(self) -> str:
+        if self.model_kwargs_source in (None, '--model-kwargs'):
+            return ('the model arguments given with --model-kwargs' if self.model_kwargs_source else
+                    'no model arguments: neither the checkpoint nor an args.yaml beside it records them')
         return f'the model arguments of {self.model_kwargs_source}'
 
     def _fix(self) -> str:
-        """The options to give or correct, where the model cannot be built or its weights do not fit."""
         trained = "the model arguments it was trained with (train.py's --model-kwargs, e.g. depth=2)"
         if self.model_kwargs_source == '--model-kwargs':
             fix = "Fix --model-kwargs: they must be the model arguments it was trained with (train.py's)"
-        elif self.model_kwargs_source is not None and Path(self.model_kwargs_source).name == 'args.yaml':
+        elif str(self.model_kwargs_source).endswith('args.yaml'):
             fix = f'Fix model_kwargs in {self.model_kwargs_source}, or give {trained} with --model-kwargs'
         else:  # none, or those stored in the checkpoint
             fix = f'Give {trained} with --model-kwargs'
@@ -86,24 +73,22 @@ class TrainOutput:
 
 def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, ema: bool = False,
                       model_kwargs: Optional[Dict[str, Any]] = None) -> TrainOutput:
-    """Read a train.py checkpoint and the ``args.yaml`` and ``summary.csv`` beside it.
-
-    Args:
-        path: A checkpoint (train.py's ``.pth.tar``, a state dict in a ``.pth`` or ``.safetensors``) or a train.py
-            output folder, which stands for its ``model_best.pth.tar`` (else ``last.pth.tar``).
-        model_name: The architecture, when neither the checkpoint nor ``args.yaml`` names it.
-        ema: Take the EMA weights train.py keeps with ``--model-ema``.
-        model_kwargs: The model arguments the weights were trained with (train.py's ``--model-kwargs``), in place of
-            those of ``args.yaml``: for a bare state dict, whose arguments nothing records.
-    """
+    """Read a train.py checkpoint (train.py's ``.pth.tar``, a state dict in a ``.pth`` or ``.safetensors``, or an
+    output folder: its ``model_best.pth.tar``, else ``last.pth.tar``) and the ``args.yaml`` and ``summary.csv`` beside
+    it; ``model_name`` names the architecture where neither does, ``ema`` takes the EMA weights (train.py's
+    ``--model-ema``), ``model_kwargs`` replace those of ``args.yaml`` (for a bare state dict, whose arguments nothing
+    records)."""
     checkpoint = _find_checkpoint(Path(path))
     try:
-        content = read_checkpoint(checkpoint)
-        if ema and not (isinstance(content, dict) and 'state_dict_ema' in content):
-            raise HubError(f'{checkpoint} has no EMA weights: train.py saves them when it trains with --model-ema.')
-        state_dict = weights_of(content, checkpoint, ('state_dict_ema' if ema else 'state_dict',))
-    except WeightsFileError as e:
+        state_dict = read_weights(checkpoint, use_ema=ema)
+    except PretrainedWeightsError as e:
         raise HubError(str(e)) from e
+    content = {}
+    if checkpoint.suffix != '.safetensors':  # the rest of a train.py checkpoint, read as timm reads it
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            content = torch.load(checkpoint, map_location='cpu', weights_only=True)
+    if ema and content.get('state_dict_ema') is None:
+        raise HubError(f'{checkpoint} has no EMA weights: train.py saves them when it trains with --model-ema.')
     is_train_checkpoint = isinstance(content.get('state_dict'), dict)
 
     args, args_file = _read_args(checkpoint.parent / 'args.yaml', content.get('args'))
@@ -111,10 +96,8 @@ def read_train_output(path: Union[str, Path], model_name: Optional[str] = None, 
     arch = model_name or args.get('model') or content.get('arch')
     if not arch or not timm.is_model(arch):
         named = f"names '{arch}', which timm does not know" if arch else 'does not name its architecture'
-        raise HubError(
-            f'{checkpoint} {named}: pass --model with the architecture it was trained as '
-            '(a model registered with timm, e.g. vit_hyperbf_tiny).'
-        )
+        raise HubError(f'{checkpoint} {named}: pass --model with the architecture it was trained as (a model '
+                       'registered with timm, e.g. vit_hyperbf_tiny).')
     return TrainOutput(
         checkpoint=checkpoint,
         arch=arch,

@@ -14,7 +14,7 @@ from timm.layers import maybe_add_mask, resolve_self_attn_mask, use_fused_attn
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_count, check_divisor, check_flag, check_positive
+from .._checks import check_count, check_divisor, check_positive
 from .hyperbf_kernel import HyperBFKernel, accumulation_dtype
 
 __all__ = ['HyperBFAttention', 'add_self_attn_mask', 'gaussian_sdpa']
@@ -137,7 +137,6 @@ class HyperBFAttention(nn.Module):
         check_count('dim', dim)
         check_count('num_heads', num_heads)
         check_divisor('num_heads', num_heads, 'dim', dim)
-        check_flag('gamma_per_head', gamma_per_head)
         if gamma_init is None:
             gamma_init = 1. / (2. * math.sqrt(dim // num_heads))
         check_positive('gamma_init (the initial attention width; None for 1 / (2 sqrt(head_dim)))', gamma_init)

@@ -20,7 +20,7 @@ import torch.fx
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_choice, check_count, check_flag, check_positive
+from .._checks import check_choice, check_count, check_positive
 
 __all__ = ['HyperBFKernel', 'KERNELS', 'log_gaussian']
 
@@ -92,11 +92,9 @@ class HyperBFKernel(nn.Module):
             dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        check_count('dim', dim)
         check_count('num_widths', num_widths)
         check_positive('gamma_init (the initial kernel width)', gamma_init)
         check_choice('kernel', kernel, KERNELS)
-        check_flag('mahalanobis', mahalanobis)
         check_positive("eps (the Laplacian's offset under the square root)", eps)
         dd = {'device': device, 'dtype': dtype}
         self.dim = dim

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_count, check_flag
+from .._checks import check_count
 from .hyperbf_kernel import HyperBFKernel
 
 __all__ = ['HyperBFMlp', 'init_gamma']
@@ -78,8 +78,6 @@ class HyperBFMlp(nn.Module):
         out_features = in_features if out_features is None else out_features
         check_count('in_features', in_features)
         check_count('hidden_features (the number of centres; mlp_ratio * embed_dim in a ViT)', hidden_features)
-        check_count('out_features', out_features)
-        check_flag('normalized', normalized)
         self.normalized = normalized
         self.centers = nn.Parameter(torch.empty(hidden_features, in_features, **dd))
         self.kernel = HyperBFKernel(

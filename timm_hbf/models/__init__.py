@@ -1,6 +1,7 @@
 """Model families. Importing this package registers every model with timm."""
-from ._builder import PretrainedWeightsError
+from ._builder import PretrainedWeightsError, read_weights, state_dict_mismatch
 from .vit_hyperbf import VisionTransformerHyperBF
 from .vit_qimia import VisionTransformerQimia
 
-__all__ = ['PretrainedWeightsError', 'VisionTransformerHyperBF', 'VisionTransformerQimia']
+__all__ = ['PretrainedWeightsError', 'VisionTransformerHyperBF', 'VisionTransformerQimia', 'read_weights',
+           'state_dict_mismatch']

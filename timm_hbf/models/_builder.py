@@ -1,50 +1,37 @@
-"""Build models with timm's ``build_model_with_cfg``, their pretrained weights checked before they load, and the
-pretrained cfgs both families share.
+"""Build models with timm's ``build_model_with_cfg``, and the pretrained cfgs both families share.
 
-timm takes a weights file as its name says and passes every failure on as it comes: a tag without weights, a missing,
-empty, truncated or mislabelled file, or the checkpoint of another model each end in an error of the reader or of
-``load_state_dict`` that does not say which file or what to do. :func:`build_model` reads the file itself, weights
-only, and raises :class:`PretrainedWeightsError` naming the tag or file, what is wrong and the fix.
+timm reads and loads the weights. Where its error would not say which tag or file failed or what to do, or where it
+would go on with wrong weights, :func:`build_vit` raises :class:`PretrainedWeightsError` naming the tag or file, what
+is wrong and the fix: a tag that does not exist or has no weights, a weights file that is missing or cannot be read,
+weights that do not fit the model as built.
 """
-import argparse
 import inspect
-import json
-import pickle
+import os
 import re
-import threading
-import zipfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Type, TypeVar, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Set, Type, TypeVar, Union
 
-import safetensors
-import safetensors.torch
 import torch
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import (
     PretrainedCfg,
     adapt_input_conv,
     build_model_with_cfg,
-    clean_state_dict,
     get_arch_pretrained_cfgs,
+    load_state_dict,
     resolve_pretrained_cfg,
 )
 from torch import nn
 
-__all__ = [
-    'CIFAR10_LABELS', 'CIFAR10_MEAN', 'CIFAR10_STD', 'PretrainedWeightsError', 'WeightsFileError', 'build_model',
-    'build_vit', 'cifar10_weights', 'read_checkpoint', 'state_dict_mismatch', 'vit_cfg', 'weights_of',
-]
+__all__ = ['CIFAR10_LABELS', 'CIFAR10_MEAN', 'CIFAR10_STD', 'PretrainedWeightsError', 'build_vit', 'cifar10_weights',
+           'read_weights', 'state_dict_mismatch', 'vit_cfg']
 
 ModelT = TypeVar('ModelT', bound=nn.Module)
-# timm adapts input weights of any number of channels (1.0.31 and newer), or only those of 3 channels
+# timm adapts input weights of any number of channels from 1.0.31 on; before, only those of 3 (and any into 1)
 ADAPTS_ANY_CHANNELS = 'base_chans' in inspect.signature(adapt_input_conv).parameters
-
-WEIGHTS_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model')  # where timm looks in a checkpoint, EMA first
 OWN_WEIGHTS = ("pretrained_cfg_overlay=dict(file=PATH) loads your own (a checkpoint of train.py, or a state dict in "
                "a .pth or .safetensors file; in timm's train.py --pretrained-path PATH, in validate.py --checkpoint "
                "PATH); 'hf-hub:ORG/NAME' as the model name loads a Hugging Face Hub repo.")
-AGAIN = 'Save or copy the weights again.'
-CUT_SHORT = f'It was cut short while being written or copied. {AGAIN}'
 # CIFAR-10 training-set channel statistics: the normalisation in the pretrained_cfg of every 32 x 32 model
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -56,105 +43,132 @@ class PretrainedWeightsError(RuntimeError):
     """Pretrained weights cannot be loaded; the message names the tag or file, what is wrong and the fix."""
 
 
-class WeightsFileError(PretrainedWeightsError):
-    """A weights file cannot be read: ``{path} {problem}. {fix}``."""
+def build_vit(model_cls: Type[ModelT], variant: str, pretrained: bool, filter_fn: Callable, **kwargs) -> ModelT:
+    """timm's ``build_model_with_cfg`` for a ViT-shaped family, with the tag and the pretrained weights checked.
 
-    def __init__(self, path: Union[str, Path], problem: str, fix: str) -> None:
-        super().__init__(f'{path} {problem}. {fix}')
-        self.path, self.problem = path, problem
-
-
-def build_model(
-        model_cls: Type[ModelT],
-        variant: str,
-        pretrained: bool,
-        pretrained_cfg: Optional[Union[str, Dict[str, Any], PretrainedCfg]] = None,
-        pretrained_cfg_overlay: Optional[Dict[str, Any]] = None,
-        pretrained_filter_fn: Optional[Callable] = None,
-        pretrained_strict: bool = True,
-        **kwargs,
-) -> ModelT:
-    """timm's ``build_model_with_cfg`` (same arguments), with the tag and the pretrained weights checked first.
-
-    A tag that does not exist, or ``pretrained=True`` where the tag has no weights, raises naming the tags there are.
-    A local weights file (the cfg's ``file``) is read here, weights only, and any fault of it raises naming the file;
-    its classifier gives the number of classes of the weights and its stem their input channels, so a checkpoint of
-    another number of classes or channels loads as it is, and a ``num_classes`` or ``in_chans`` that differs resets
-    the head or adapts the stem as for timm's own weights. Weights of any source that do not fit the model raise
-    naming what differs. All raise :class:`PretrainedWeightsError`. The tag's class names stay only on a model they
-    describe.
+    ``features_only`` takes every block's output (getter features, ``out_indices`` the last 3 by default), as for
+    timm's ViT. A tag that does not exist, or ``pretrained=True`` where the tag has no weights, raises naming the tags
+    there are. A local weights file (the cfg's ``file``) is read by :func:`read_weights`; its classifier gives the
+    number of classes of the weights and its stem their input channels, so a checkpoint of another number of classes
+    or channels loads as it is, and a ``num_classes`` or ``in_chans`` that differs resets the head or adapts the stem
+    as for timm's own weights. Weights of any source that do not fit the model raise naming what differs. The tag's
+    class names stay only on a model they describe.
     """
-    if isinstance(pretrained_cfg, str):
-        _check_tag(variant, pretrained_cfg)
-    overlay = dict(pretrained_cfg_overlay or {})
+    pretrained_cfg = kwargs.pop('pretrained_cfg', None)
+    overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
+    strict = kwargs.pop('pretrained_strict', True)
+    kwargs['feature_cfg'] = dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter')
+    if isinstance(pretrained_cfg, str) and f'{variant}.{pretrained_cfg}' not in get_arch_pretrained_cfgs(variant):
+        raise PretrainedWeightsError(f"{variant} has no pretrained tag '{pretrained_cfg}'. {_tags(variant)}")
     own_file = 'file' in overlay and 'label_names' not in overlay
-    if not pretrained:
-        model = build_model_with_cfg(
-            model_cls, variant, False, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
-            pretrained_filter_fn=pretrained_filter_fn, pretrained_strict=pretrained_strict, **kwargs)
-        _clean_pretrained_cfgs(model, own_file)
-        return model
+    check = filter_fn
+    if pretrained:
+        cfg = resolve_pretrained_cfg(variant, pretrained_cfg, dict(overlay))
+        location = _weights_location(cfg, variant)
+        if cfg.file and cfg.source not in ('hf-hub', 'local-dir') and cfg.state_dict is None and not cfg.custom_load:
+            if 'file' not in overlay and not os.path.isfile(cfg.file):
+                raise PretrainedWeightsError(
+                    f'The weights of {variant}.{cfg.tag} ship with timm-hbf as {cfg.file}, which is missing: the '
+                    'installation is incomplete. Reinstall timm-hbf (pip install --force-reinstall --no-deps '
+                    'timm-hbf).')
+            state_dict = overlay['state_dict'] = read_weights(cfg.file)  # timm loads it from memory: read once
+            head, stem = state_dict.get(f'{cfg.classifier}.weight'), state_dict.get(f'{cfg.first_conv}.weight')
+            if head is not None:
+                overlay.setdefault('num_classes', head.shape[0])
+            if stem is not None and stem.ndim == 4 and cfg.input_size is not None:  # the weights' input channels
+                overlay.setdefault('input_size', (stem.shape[1], *cfg.input_size[1:]))
 
-    cfg = resolve_pretrained_cfg(variant, pretrained_cfg, dict(overlay))
-    location, trained_as = _weights_location(cfg, variant), None
-    if cfg.file and cfg.source not in ('hf-hub', 'local-dir') and cfg.state_dict is None and not cfg.custom_load:
-        try:
-            checkpoint = read_checkpoint(cfg.file)
-            state_dict = weights_of(checkpoint, cfg.file)
-        except WeightsFileError as e:
-            if 'file' in overlay:
-                raise
-            raise PretrainedWeightsError(
-                f'The weights of {variant}.{cfg.tag} ship with timm-hbf as {e.path}, which {e.problem}: the '
-                'installation is incomplete. Reinstall timm-hbf (pip install --force-reinstall --no-deps timm-hbf).'
-            ) from e
-        trained_as = checkpoint.get('arch') if isinstance(checkpoint.get('arch'), str) else None
-        overlay['state_dict'] = state_dict  # timm loads it from memory: the file is read once
-        head = state_dict.get(f'{cfg.classifier}.weight') if isinstance(cfg.classifier, str) else None
-        if head is not None:
-            overlay.setdefault('num_classes', head.shape[0])
-        stem = state_dict.get(f'{cfg.first_conv}.weight') if isinstance(cfg.first_conv, str) else None
-        if stem is not None and stem.ndim == 4 and cfg.input_size is not None:  # the weights' input channels
-            overlay.setdefault('input_size', (stem.shape[1], *cfg.input_size[1:]))
-
-    def filter_and_check(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, Any]:
-        """The model's own filter, then the check that the weights fit, apart from what timm adapts: the input
-        layer (to ``in_chans``) and, where the number of classes differs, the classifier (left out)."""
-        _check_prefix_tokens(state_dict, model, location, variant)
-        if pretrained_filter_fn is not None:
-            state_dict = pretrained_filter_fn(state_dict, model)
-        _check_input_channels(state_dict, model, cfg.first_conv, location, variant)
-        head_kept = not kwargs.get('features_only') and model.num_classes == overlay.get('num_classes', cfg.num_classes)
-        expected = model.state_dict()
-        mismatch = state_dict_mismatch(
-            expected, state_dict, strict=pretrained_strict,
-            ignored=() if head_kept else _names(cfg.classifier), any_shape=_names(cfg.first_conv))
-        if mismatch:
+        def check(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, Any]:
+            """The family's filter, then the check that the weights fit, apart from what timm adapts: the input layer
+            (to ``in_chans``) and, where the number of classes differs, the classifier (left out)."""
+            _check_prefix_tokens(state_dict, model, location, variant)
+            state_dict = filter_fn(state_dict, model)
+            _check_input_channels(state_dict, model, cfg.first_conv, location, variant)
+            head_kept = not kwargs.get('features_only') and model.num_classes == overlay.get('num_classes',
+                                                                                            cfg.num_classes)
+            expected = model.state_dict()
+            mismatch = state_dict_mismatch(expected, state_dict, strict=strict, any_shape=_names(cfg.first_conv),
+                                           ignored=() if head_kept else _names(cfg.classifier))
+            if not mismatch:
+                return state_dict
             if 'norm.weight' in state_dict and 'norm.weight' not in expected and 'fc_norm.weight' in expected:
-                fix = (" The weights norm the tokens before the pooling (norm), the model after it (fc_norm, "
-                       "timm's ViT default with global_pool 'avg', 'max' or 'avgmax'): pass fc_norm=False to pool "
-                       "the tokens as the weights were trained to.")
+                fix = ("The weights norm the tokens before the pooling (norm), the model after it (fc_norm, timm's "
+                       "ViT default with global_pool 'avg', 'max' or 'avgmax'): pass fc_norm=False to pool the "
+                       "tokens as the weights were trained to.")
             else:
-                saved_from = f' They were saved from a {trained_as}.' if trained_as not in (None, variant) else ''
-                fix = (f'{saved_from} Create the model the weights were trained as, with the same model arguments '
-                       '(those of train.py --model and --model-kwargs).')
-            raise PretrainedWeightsError(f'{location} does not fit {variant} as built: {mismatch}.{fix}')
-        return state_dict
+                fix = ('Create the model the weights were trained as, with the same model arguments (those of '
+                       'train.py --model and --model-kwargs).')
+            raise PretrainedWeightsError(f'{location} does not fit {variant} as built: {mismatch}. {fix}')
 
     model = build_model_with_cfg(
-        model_cls, variant, True, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
-        pretrained_filter_fn=filter_and_check, pretrained_strict=pretrained_strict, **kwargs)
-    _clean_pretrained_cfgs(model, own_file)
+        model_cls, variant, pretrained, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
+        pretrained_filter_fn=check, pretrained_strict=strict, **kwargs)
+    # No copy of the weights kept in the cfgs (the model's and, with features_only, the wrapped one's), and no class
+    # names where they do not describe the weights: timm's inference.py would name another head's classes with them
+    for module in model.modules():
+        cfg = getattr(module, 'pretrained_cfg', None)
+        if isinstance(cfg, dict):
+            cfg.pop('state_dict', None)
+            names = cfg.get('label_names')
+            if names is not None and (own_file or getattr(module, 'num_classes', len(names)) != len(names)):
+                cfg['label_names'] = cfg['label_descriptions'] = None
     return model
+
+
+def read_weights(path: Union[str, Path], use_ema: bool = True) -> Dict[str, torch.Tensor]:
+    """The state dict of a weights file, read by timm's ``load_state_dict``: a ``.safetensors`` file, or any other as
+    a ``torch.save`` checkpoint unpickled weights only; of a train.py checkpoint its EMA weights where ``use_ema`` and
+    it has some, else its weights. Raises :class:`PretrainedWeightsError` naming the file, the fault and the fix."""
+    if not os.path.isfile(path):
+        problem = 'is a folder, not a weights file' if os.path.isdir(path) else 'does not exist'
+        raise PretrainedWeightsError(f'{path} {problem}. Name the weights file.')
+    try:
+        state_dict = load_state_dict(str(path), use_ema=use_ema)
+    except Exception as e:
+        refused = re.search(r'Unsupported globals: (.+?)\. No automatic', str(e))  # timm names what it did not unpickle
+        if refused:
+            raise PretrainedWeightsError(
+                f'{path} holds Python objects besides tensors ({refused[1]}), which are not unpickled since that '
+                'could run code. Save the state dict alone (model.state_dict()) with torch.save or '
+                'safetensors.torch.save_file.') from e
+        cause = e.__cause__ or e  # timm raises the unpickler's errors as its own, which blames globals
+        detail = ' '.join(str(cause).split('WeightsUnpickler error:')[-1].split('Check the documentation')[0].split())
+        raise PretrainedWeightsError(
+            f'{path} cannot be read ({type(cause).__name__}: {detail}): it is cut short, damaged, or not of the '
+            'format its name says (.safetensors for safetensors, any other for torch.save). Save or copy the weights '
+            'again.') from e
+    if not state_dict or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise PretrainedWeightsError(
+            f'{path} holds no weights: it is neither a checkpoint of train.py nor a state dict (names to tensors). '
+            'Name the file that train.py or torch.save(model.state_dict(), PATH) wrote.')
+    return state_dict
+
+
+def state_dict_mismatch(expected: Dict[str, torch.Tensor], given: Dict[str, torch.Tensor], strict: bool = True,
+                        ignored: Iterable[str] = (), any_shape: Iterable[str] = (), shown: int = 3) -> str:
+    """What keeps ``given`` (weights) from loading where ``expected`` (a model's state dict) is, in a few words, ''
+    where nothing does: the names of ``expected`` it lacks (if ``strict``), those it has in addition, and those of
+    another shape (but for ``any_shape``, an input layer that timm adapts), ``shown`` of each; ``ignored`` (a head
+    that is replaced) left out on both sides."""
+    def some(names: list) -> str:
+        return ', '.join(names[:shown]) + (', ...' if len(names) > shown else '')
+
+    ignored, any_shape = set(ignored), set(any_shape)
+    missing = [k for k in expected if k not in given and k not in ignored] if strict else []
+    unexpected = [k for k in given if k not in expected and k not in ignored]
+    shapes = [f'{k} {tuple(given[k].shape)} for {tuple(v.shape)}' for k, v in expected.items()
+              if k in given and k not in ignored | any_shape and given[k].shape != v.shape]
+    return '; '.join(f'{len(names)} {what} ({some(names)})' for names, what in (
+        (missing, 'missing'), (unexpected, 'unexpected'), (shapes, 'of another shape')) if names)
 
 
 def _check_prefix_tokens(state_dict: Dict[str, Any], model: nn.Module, location: str, variant: str) -> None:
     """Weights with another class token or other register tokens than the model raise naming the model arguments
-    that fit them (the filter would otherwise resample their position embedding with the model's count, and fail)."""
-    if not isinstance(state_dict.get('pos_embed'), torch.Tensor) or not hasattr(model, 'num_prefix_tokens'):
+    that fit them (timm's filter would resample their position embedding as the model's, and fail)."""
+    if 'pos_embed' not in state_dict or not hasattr(model, 'num_prefix_tokens'):
         return
     registers = state_dict.get('reg_token')
-    given = ('cls_token' in state_dict, registers.shape[1] if isinstance(registers, torch.Tensor) else 0)
+    given = ('cls_token' in state_dict, 0 if registers is None else registers.shape[1])
     built = (getattr(model, 'cls_token', None) is not None, getattr(model, 'num_reg_tokens', 0))
     if given != built:
         def tokens(class_token: bool, reg_tokens: int) -> str:
@@ -166,49 +180,48 @@ def _check_prefix_tokens(state_dict: Dict[str, Any], model: nn.Module, location:
             'weights were trained.')
 
 
-def _check_input_channels(
-        state_dict: Dict[str, Any], model: nn.Module, first_conv: Union[None, str, Iterable[str]], location: str,
-        variant: str) -> None:
-    """Before 1.0.31, timm loads input weights of 3 channels into a model of any, and of 1 channel into a model of 1;
-    it re-initialises or fails to load all others, which raise here naming the fixes."""
-    if ADAPTS_ANY_CHANNELS:
+def _check_input_channels(state_dict: Dict[str, Any], model: nn.Module, first_conv: Optional[str], location: str,
+                          variant: str) -> None:
+    """Before 1.0.31, timm adapts input weights of 3 channels to any number, and sums any into 1; it re-initialises
+    the input layer (with a warning in the log) or fails to load all others, which raise here naming the fixes."""
+    weight = state_dict.get(f'{first_conv}.weight')
+    if ADAPTS_ANY_CHANNELS or not isinstance(weight, torch.Tensor) or weight.ndim != 4:
         return
-    for name in _layers(first_conv):
-        weight, conv = state_dict.get(f'{name}.weight'), model.get_submodule(name)
-        if not isinstance(weight, torch.Tensor) or weight.ndim != 4 or not isinstance(conv, nn.Conv2d):
-            continue
-        weights_chans, model_chans = weight.shape[1], conv.in_channels
-        if weights_chans == 3 or weights_chans == model_chans == 1:
-            continue
-        fix = 'Create the model with in_chans=1, or upgrade' if weights_chans == 1 else 'Upgrade'
+    weights_chans, model_chans = weight.shape[1], model.get_submodule(first_conv).in_channels
+    if weights_chans != 3 and model_chans != 1:
         raise PretrainedWeightsError(
-            f'{location} has {weights_chans}-channel input weights ({name}) and {variant} is built for '
-            f'{model_chans}: timm before 1.0.31 adapts only 3-channel input weights (and loads 1-channel ones into a '
-            f'1-channel model), and would re-initialise or refuse these. {fix} timm to 1.0.31 or newer, which adapts '
-            'any number.')
+            f'{location} has {weights_chans}-channel input weights ({first_conv}) and {variant} is built for '
+            f'{model_chans}: timm before 1.0.31 adapts only 3-channel input weights (and any into 1 channel), and '
+            'would re-initialise or refuse these. Create the model with in_chans=1, or upgrade timm to 1.0.31 or '
+            'newer, which adapts any number.')
 
 
-def _clean_pretrained_cfgs(model: nn.Module, own_file: bool) -> None:
-    """The pretrained cfgs of the model and, with ``features_only``, of the model it wraps: no copy of the weights
-    kept, and no class names (``label_names``, ``label_descriptions``) where they do not describe the weights: the
-    tag's, on a model of another number of classes or given a weights file of its own without names (timm's
-    inference.py would name another head's classes with them)."""
-    for module in model.modules():
-        cfg = getattr(module, 'pretrained_cfg', None)
-        if not isinstance(cfg, dict):
-            continue
-        cfg.pop('state_dict', None)
-        names = cfg.get('label_names')
-        if names is not None and (own_file or getattr(module, 'num_classes', len(names)) != len(names)):
-            cfg['label_names'] = cfg['label_descriptions'] = None
+def _tags(variant: str) -> str:
+    """The tags of ``variant``, those with weights first, and how to load other weights."""
+    cfgs = get_arch_pretrained_cfgs(variant)
+    with_weights = [name for name, cfg in cfgs.items() if cfg.has_weights]
+    without = [name for name in cfgs if name not in with_weights]
+    if not with_weights:
+        return f'No tag of {variant} has weights yet (its tags: {", ".join(without) or "none"}). {OWN_WEIGHTS}'
+    without = f'; without: {", ".join(without)}' if without else ''
+    return f'Tags with weights: {", ".join(with_weights)}{without}. {OWN_WEIGHTS}'
 
 
-def build_vit(model_cls: Type[ModelT], variant: str, pretrained: bool, filter_fn: Callable, **kwargs) -> ModelT:
-    """:func:`build_model` for a ViT-shaped family: ``features_only`` takes every block's output (getter features,
-    ``out_indices`` the last 3 by default), as for timm's ViT."""
-    feature_cfg = dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter')
-    return build_model(model_cls, variant, pretrained, pretrained_filter_fn=filter_fn, feature_cfg=feature_cfg,
-                       **kwargs)
+def _weights_location(cfg: PretrainedCfg, variant: str) -> str:
+    """Where ``cfg`` has its weights, for messages; raises if it has none."""
+    if cfg.state_dict is not None:
+        return 'the state_dict of pretrained_cfg'
+    location = cfg.file or (cfg.hf_hub_id and f'hf-hub:{cfg.hf_hub_id}') or cfg.url
+    if not location:
+        raise PretrainedWeightsError(
+            f'{variant}.{cfg.tag} has no pretrained weights. {_tags(variant)} Or create it with pretrained=False (in '
+            "timm's scripts, without --pretrained).")
+    return location
+
+
+def _names(layer: Optional[str]) -> Set[str]:
+    """The weight and bias names of a cfg's ``first_conv`` or ``classifier``."""
+    return {f'{layer}.weight', f'{layer}.bias'} if isinstance(layer, str) else set()
 
 
 def vit_cfg(cifar10: bool = False, **kwargs) -> Dict[str, Any]:
@@ -226,192 +239,3 @@ def cifar10_weights(name: str) -> Dict[str, Any]:
     names in classifier order (``label_names``, which timm's inference.py reads)."""
     return dict(file=str(Path(__file__).resolve().parents[1] / 'weights' / f'{name}.safetensors'),
                 label_names=CIFAR10_LABELS)
-
-
-def _check_tag(variant: str, tag: str) -> None:
-    cfgs = get_arch_pretrained_cfgs(variant)
-    if f'{variant}.{tag}' not in cfgs:
-        raise PretrainedWeightsError(f"{variant} has no pretrained tag '{tag}'. {_tags(variant, cfgs)}")
-
-
-def _tags(variant: str, cfgs: Dict[str, PretrainedCfg]) -> str:
-    """The tags of ``variant``, those with weights first, and how to load other weights."""
-    with_weights = [name for name, cfg in cfgs.items() if cfg.has_weights]
-    without = [name for name in cfgs if name not in with_weights]
-    if not with_weights:
-        return f'No tag of {variant} has weights yet (its tags: {", ".join(without) or "none"}). {OWN_WEIGHTS}'
-    without = f'; without: {", ".join(without)}' if without else ''
-    return f'Tags with weights: {", ".join(with_weights)}{without}. {OWN_WEIGHTS}'
-
-
-def _weights_location(cfg: PretrainedCfg, variant: str) -> str:
-    """Where ``cfg`` has its weights, for messages; raises if it has none."""
-    if cfg.state_dict is not None:
-        return 'the state_dict of pretrained_cfg'
-    location = cfg.file or (cfg.hf_hub_id and f'hf-hub:{cfg.hf_hub_id}') or cfg.url
-    if not location:
-        name = f'{variant}.{cfg.tag}' if cfg.tag else variant
-        raise PretrainedWeightsError(
-            f'{name} has no pretrained weights. {_tags(variant, get_arch_pretrained_cfgs(variant))} '
-            "Or create it with pretrained=False (in timm's scripts, without --pretrained).")
-    return location
-
-
-def _layers(layers: Union[None, str, Iterable[str]]) -> Iterable[str]:
-    """The layer names of a cfg's ``first_conv`` or ``classifier`` (one layer, several, or none)."""
-    return (layers,) if isinstance(layers, str) else layers or ()
-
-
-def _names(layers: Union[None, str, Iterable[str]]) -> Set[str]:
-    """The weight and bias names of a cfg's ``first_conv`` or ``classifier``."""
-    return {f'{layer}.{param}' for layer in _layers(layers) for param in ('weight', 'bias')}
-
-
-def state_dict_mismatch(
-        expected: Dict[str, torch.Tensor],
-        given: Dict[str, torch.Tensor],
-        strict: bool = True,
-        ignored: Iterable[str] = (),
-        any_shape: Iterable[str] = (),
-        shown: int = 3,
-) -> str:
-    """What keeps ``given`` from loading where ``expected`` is, in a few words ('' when nothing does).
-
-    Args:
-        expected: The model's state dict.
-        given: The weights.
-        strict: Count the model's entries that the weights lack.
-        ignored: Names left out on both sides (a head that is replaced).
-        any_shape: Names whose shape may differ (an input layer that timm adapts).
-        shown: How many names of each kind to show.
-    """
-    def some(names: List[str]) -> str:
-        return ', '.join(names[:shown]) + (', ...' if len(names) > shown else '')
-
-    ignored, any_shape = set(ignored), set(any_shape)
-    missing = [k for k in expected if k not in given and k not in ignored] if strict else []
-    unexpected = [k for k in given if k not in expected and k not in ignored]
-    shapes = [f'{k} {tuple(given[k].shape)} for {tuple(v.shape)}' for k, v in expected.items()
-              if k in given and k not in ignored | any_shape and given[k].shape != v.shape]
-    return '; '.join(f'{len(names)} {what} ({some(names)})' for names, what in (
-        (missing, 'missing'), (unexpected, 'unexpected'), (shapes, 'of another shape')) if names)
-
-
-def read_checkpoint(path: Union[str, Path]) -> Any:
-    """The content of a weights file: a ``.safetensors`` file, or any other as a ``torch.save`` checkpoint unpickled
-    weights only (tensors, containers, and the argument namespace of train.py).
-
-    Raises :class:`WeightsFileError` where it is missing, a folder, empty, truncated, damaged, of another format than
-    its name says, or holds Python objects besides tensors.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise WeightsFileError(path, 'does not exist', 'Check the path.')
-    if path.is_dir():
-        raise WeightsFileError(path, 'is a folder, not a weights file', 'Name the weights file in it.')
-    size = path.stat().st_size
-    with path.open('rb') as f:
-        head = f.read(32)
-    if size < 9:  # no weights file is this short: safetensors alone starts with 8 bytes of header size
-        raise WeightsFileError(path, 'is empty' if size == 0 else f'holds only {size} bytes, too few for weights',
-                               CUT_SHORT)
-    written_as = _format(head)
-    if written_as is None and head.startswith(b'version https://git-lfs'):
-        raise WeightsFileError(path, 'is a Git LFS pointer, not the weights', 'Fetch the file with `git lfs pull`.')
-    if written_as is None:
-        raise WeightsFileError(
-            path, f'is neither a safetensors file nor a torch.save checkpoint (it starts with {head[:16]!r})',
-            'Name a checkpoint of train.py, or weights saved by torch.save or safetensors.torch.save_file.')
-    named_as = 'safetensors' if path.suffix == '.safetensors' else 'torch.save'
-    if written_as != named_as:
-        raise WeightsFileError(
-            path, f'is a {written_as} file, but its name says {named_as}',
-            f'Rename it to end in {".safetensors" if written_as == "safetensors" else ".pth"}.')
-    return _read_safetensors(path, head, size) if written_as == 'safetensors' else _read_torch(path, head)
-
-
-def _format(head: bytes) -> Optional[str]:
-    """'safetensors' or 'torch.save' from the first bytes of a file, None for anything else."""
-    if head[8:9] == b'{' and int.from_bytes(head[:8], 'little') < 1 << 32:  # safetensors: JSON header size, header
-        return 'safetensors'
-    if head.startswith(b'PK\x03\x04') or head.startswith(b'\x80'):  # torch.save: a zip archive, or a pickle (legacy)
-        return 'torch.save'
-    return None
-
-
-def _truncated(path: Path, detail: str) -> WeightsFileError:
-    return WeightsFileError(path, f'is truncated ({detail})', CUT_SHORT)
-
-
-def _damaged(path: Path, problem: str, err: Exception) -> WeightsFileError:
-    return WeightsFileError(path, f'is damaged: {problem} ({type(err).__name__}: {err})', AGAIN)
-
-
-def _read_safetensors(path: Path, head: bytes, size: int) -> Dict[str, torch.Tensor]:
-    header_end = 8 + int.from_bytes(head[:8], 'little')
-    if header_end > size:
-        raise _truncated(path, f'its header alone takes {header_end} bytes, the file has {size}')
-    with path.open('rb') as f:
-        f.seek(8)
-        try:
-            header = json.loads(f.read(header_end - 8))
-            data_end = header_end + max(
-                (entry['data_offsets'][1] for name, entry in header.items() if name != '__metadata__'), default=0)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
-            raise _damaged(path, 'its safetensors header cannot be parsed', e) from e
-    if data_end > size:
-        raise _truncated(path, f'its header describes {data_end} bytes, the file has {size}')
-    try:
-        return safetensors.torch.load_file(path)
-    except safetensors.SafetensorError as e:
-        raise _damaged(path, 'safetensors cannot read it', e) from e
-
-
-_SAFE_GLOBALS_LOCK = threading.Lock()
-
-
-def _read_torch(path: Path, head: bytes) -> Any:
-    if head.startswith(b'PK') and not zipfile.is_zipfile(path):  # the archive's directory, at its end, is gone
-        raise _truncated(path, 'its zip archive has no end')
-    # train.py stores its arguments as an argparse.Namespace: allow that one class, which only holds attributes. The
-    # allowlist is global to the process, so threads reading checkpoints at once take turns (one's exit ends another's)
-    with _SAFE_GLOBALS_LOCK, torch.serialization.safe_globals([argparse.Namespace]):
-        try:
-            return torch.load(path, map_location='cpu', weights_only=True)
-        except pickle.UnpicklingError as e:
-            refused = _REFUSED_GLOBAL.search(str(e))
-            if refused is None:  # no class or function but an instruction the unpickler does not know: random bytes
-                raise _damaged(path, 'torch.load cannot read it', _unpickler_error(e)) from e
-            raise WeightsFileError(
-                path, f'holds Python objects besides tensors ({refused[1]} among them)',
-                'It is not unpickled any further, since that could run code: save the state dict alone '
-                '(model.state_dict()) with torch.save or safetensors.torch.save_file.') from e
-        except Exception as e:  # the reader's errors of a damaged archive or pickle (legacy format: truncation too)
-            raise _damaged(path, 'torch.load cannot read it', e) from e
-
-
-# What torch's weights-only unpickler says of a class or function it refuses: one not allowed, or of a blocked module
-_REFUSED_GLOBAL = re.compile(r'GLOBAL (\S+) (?:was not an allowed global|whose module \S+ is blocked)')
-
-
-def _unpickler_error(err: pickle.UnpicklingError) -> pickle.UnpicklingError:
-    """The error of torch's weights-only unpickler that ``torch.load`` raised ``err`` for, without the advice
-    ``torch.load`` wraps it in (among it, to load the file with ``weights_only=False``, which could run its code)."""
-    inner = err.__context__  # torch.load raises its own error `from None` in the handler of the unpickler's
-    if isinstance(inner, pickle.UnpicklingError) and 'weights_only' not in str(inner):
-        return inner
-    last = str(err).split('Check the documentation')[0].strip().split('\n\n')[-1]  # torch's layout: advice, error
-    return pickle.UnpicklingError(last if 'weights_only' not in last else 'not a pickle of tensors')
-
-
-def weights_of(checkpoint: Any, path: Union[str, Path], keys: Iterable[str] = WEIGHTS_KEYS) -> Dict[str, torch.Tensor]:
-    """The state dict in ``checkpoint`` (what :func:`read_checkpoint` read from ``path``): the entry of the first of
-    ``keys`` it has (a checkpoint of train.py), else the checkpoint itself; ``module.`` prefixes removed."""
-    weights = checkpoint
-    if isinstance(checkpoint, dict):
-        weights = next((checkpoint[k] for k in keys if isinstance(checkpoint.get(k), dict)), checkpoint)
-    if not isinstance(weights, dict) or not weights or not all(isinstance(v, torch.Tensor) for v in weights.values()):
-        raise WeightsFileError(
-            path, 'holds no weights: it is neither a checkpoint of train.py nor a state dict (names to tensors)',
-            'Name the file that train.py or torch.save(model.state_dict(), PATH) wrote.')
-    return clean_state_dict(weights)

@@ -25,7 +25,7 @@ import torch
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from .._checks import check_choice, check_flag, check_positive, check_vit_arguments, fail
+from .._checks import check_choice, check_positive, check_vit_arguments, fail
 from ..layers import KERNELS, HyperBFAttention, HyperBFMlp
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
@@ -71,16 +71,8 @@ class VisionTransformerHyperBF(VisionTransformer):
     ) -> None:
         check_vit_arguments(kwargs)
         check_choice('kernel', kernel, KERNELS)
-        check_flag('mahalanobis', mahalanobis)
-        check_flag('mlp_normalized', mlp_normalized)
-        check_flag('attn_gamma_per_head', attn_gamma_per_head)
         if attn_gamma_init is not None:
             check_positive('attn_gamma_init (the initial attention width; None for the default)', attn_gamma_init)
-        for name, layer in (('attn_layer', 'HyperBFAttention'), ('mlp_layer', 'HyperBFMlp')):
-            if name in kwargs:
-                fail(name, kwargs[name], f"left unset: the HyperBF ViT sets it to {layer}, whose options are the "
-                                         "model's own arguments (for another layer, build timm's VisionTransformer)",
-                     TypeError)
         super().__init__(
             attn_layer=_layer_class(
                 HyperBFAttention, kernel=kernel, mahalanobis=mahalanobis, gamma_per_head=attn_gamma_per_head,
@@ -113,12 +105,9 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 # The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
     'vit_hyperbf_tiny.cifar10_100ep': _cfg(cifar10=True, **cifar10_weights('vit_hyperbf_tiny.cifar10_100ep')),
-    'vit_hyperbf_tiny.cifar10_short': _cfg(cifar10=True, **cifar10_weights('vit_hyperbf_tiny.cifar10_short')),
     'vit_hyperbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_nrbf_tiny.cifar10_100ep': _cfg(
         cifar10=True, **cifar10_weights('vit_hyperbf_nrbf_tiny.cifar10_100ep')),
-    'vit_hyperbf_nrbf_tiny.cifar10_short': _cfg(
-        cifar10=True, **cifar10_weights('vit_hyperbf_nrbf_tiny.cifar10_short')),
     'vit_hyperbf_nrbf_tiny.untrained': _cfg(cifar10=True),
     'vit_hyperbf_small.untrained': _cfg(cifar10=True),
     'vit_hyperbf_base.untrained': _cfg(cifar10=True),
