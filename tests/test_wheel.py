@@ -194,6 +194,7 @@ for name in names:
     model = timm.create_model(name, pretrained=True).eval()
     config = resolve_data_config(model=model)
     loader = create_loader(create_dataset('', root=root, split='test'), batch_size=100, num_workers=1,
+                           use_prefetcher=False, device=torch.device('cpu'),
                            **{k: config[k] for k in ('input_size', 'interpolation', 'mean', 'std', 'crop_pct')})
     correct = total = 0
     with torch.inference_mode():
