@@ -23,7 +23,7 @@ from .train_output import TrainOutput
 __all__ = ['FLOAT32_PARAM_NAMES', 'is_repo_id', 'push_to_hub', 'to_storage_dtype', 'write_repo_folder']
 
 # Kept in float32 whatever the file's dtype: the kernel widths are exponents (gamma = exp(log_gamma) scales squared
-# distances), rounding log_gamma to bf16 moves gamma by up to about 1 %, and they are few (9,252 in a tiny model).
+# distances), which bf16 rounding of log_gamma would move by up to a percent, and they are few.
 FLOAT32_PARAM_NAMES = ('log_gamma',)
 REPO_ID_FORM = ("ORG/NAME: names of letters, digits, '-', '_' and '.', neither starting nor ending with '-' or '.', "
                 "without '--' or '..', at most 96 characters each, NAME not ending in '.git'")
