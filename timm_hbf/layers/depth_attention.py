@@ -64,7 +64,7 @@ def _depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool) -> torch.
     dtype = accumulation_dtype(queries)
     k = key.to(dtype).unflatten(-1, (queries.shape[0], -1))
     if queries.shape[0] == 1:  # one head: a plain product
-        logits = (k @ queries[0].to(dtype))
+        logits = k @ queries[0].to(dtype)
     else:
         logits = torch.einsum('...hd,hdr->...hr', k, queries.to(dtype))
     if rms:  # RMS-normalised keys (the values): the norm applied to the product, no normalised copy kept
@@ -105,7 +105,7 @@ def _accumulate(
 
 class DepthAttention(nn.Module):
     """A sublayer's interface to the depth memory: its read (Eq. 1-2, :meth:`forward`) and its write
-    (:meth:`write`). The stem and a sublayer that reads a single entry (takes it as it is) have no query.
+    (:meth:`write`). A sublayer that would read a single entry takes it as it is, and has no query.
 
     Args:
         key_dim: Key width (the query's), before the Gaussian kernel's extra channel per head.
