@@ -10,7 +10,7 @@ import math
 import numbers
 from typing import Any, Callable, Mapping, NoReturn, Sequence, Type
 
-__all__ = ['check_choice', 'check_count', 'check_divisor', 'check_flag', 'check_number', 'check_positive', 'check_rate',
+__all__ = ['check_choice', 'check_count', 'check_divisor', 'check_number', 'check_positive', 'check_rate',
            'check_vit_arguments', 'fail']
 
 
@@ -46,12 +46,6 @@ def check_positive(name: str, value: Any) -> None:
 def check_rate(name: str, value: Any) -> None:
     """A dropout rate: a real number in [0, 1)."""
     check_number(name, value, numbers.Real, lambda v: 0 <= v < 1, 'a rate in [0, 1)')
-
-
-def check_flag(name: str, value: Any) -> None:
-    """True or False, where another value would pass for a choice the caller did not make."""
-    if not isinstance(value, bool):
-        fail(name, value, 'True or False', TypeError)
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
