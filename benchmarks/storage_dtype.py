@@ -1,13 +1,16 @@
-"""What storing a trained model's weights in half precision does to its test predictions.
+"""What half precision does to a trained model's test predictions: in its stored weights, and under autocast.
 
 The checkpoint's float32 weights are rounded to ``--dtype`` two ways: as ``timm-hbf push --dtype`` writes them (the
 kernel widths ``log_gamma`` kept float32) and with every tensor rounded. Each set is loaded back into a float32 model,
 as timm loads a bf16 file, and all three run in float32 on the same test images (the preprocessing of train.py's
-evaluation, from the run's ``args.yaml``), so the only difference is the rounding of the stored weights. Reports the
-top-1 of each, the images whose top-1 class differs from the float32 weights', and the largest logit difference.
+evaluation, from the run's ``args.yaml``), so the only difference is the rounding of the stored weights. A fourth
+runs the float32 weights under ``--dtype`` autocast. ``--pretrained MODEL.TAG`` measures a model's pretrained weights
+(as they are stored, and under autocast) instead of a checkpoint. Reports the top-1 of each, the images whose top-1
+class differs from the float32 model's, and the largest logit difference.
 
     python benchmarks/storage_dtype.py runs/vit_hyperbf_tiny/last.pth.tar --data cifar10 \\
         --out benchmarks/results/storage_dtype_vit_hyperbf_tiny.json
+    python benchmarks/storage_dtype.py --pretrained vit_hyperbf_tiny.cifar10_100ep --data cifar10
 
 ``--data`` is an ImageFolder dataset with a ``--split`` folder (default ``test``), one folder per class.
 """
@@ -27,6 +30,18 @@ import timm_hbf
 from timm_hbf.hub import FLOAT32_PARAM_NAMES, HubError, read_train_output, to_storage_dtype
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float16': torch.float16}
+
+
+class Autocast(torch.nn.Module):
+    """``model`` run under autocast to ``dtype``, its logits returned in float32."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=self.dtype):
+            return self.model(x).float()
 
 
 def stored_as(model: torch.nn.Module, dtype: torch.dtype, keep_float32: Sequence[str]) -> torch.nn.Module:
@@ -61,9 +76,10 @@ def compare(variants: Dict[str, torch.nn.Module], loader: torch.utils.data.DataL
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('checkpoint', type=Path,
+    parser.add_argument('checkpoint', type=Path, nargs='?',
                         help='train.py checkpoint, or output folder: its last.pth.tar (a best checkpoint may have '
                              'been chosen on the test split)')
+    parser.add_argument('--pretrained', metavar='MODEL.TAG', help='measure these pretrained weights instead')
     parser.add_argument('--model', help='the architecture, where neither the checkpoint nor args.yaml names it')
     parser.add_argument('--data', required=True, help='ImageFolder dataset')
     parser.add_argument('--split', default='test', help='the folder of --data to measure on (default: %(default)s)')
@@ -76,18 +92,28 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     split = Path(args.data).expanduser() / args.split
     if not split.is_dir():
         raise SystemExit(f'{split} is not a folder: --data takes an ImageFolder dataset with a {args.split}/ folder.')
-    checkpoint = args.checkpoint / 'last.pth.tar' if args.checkpoint.is_dir() else args.checkpoint
-    try:
-        train = read_train_output(checkpoint, model_name=args.model)
-    except HubError as e:
-        raise SystemExit(str(e)) from e
     dtype = DTYPES[args.dtype]
-    variants = {
-        'float32': train.create_model(),
-        f'{args.dtype}, widths float32 (push)': stored_as(train.create_model(), dtype, FLOAT32_PARAM_NAMES),
-        f'{args.dtype}, every tensor': stored_as(train.create_model(), dtype, ()),
-    }
-    config = resolve_data_config(train.args, model=variants['float32'])
+    if args.pretrained:
+        model = timm.create_model(args.pretrained, pretrained=True).eval()
+        variants = {'float32': model, f'float32, {args.dtype} autocast': Autocast(model, dtype)}
+        arch, model_kwargs, source, epoch, data_args = args.pretrained, {}, 'pretrained', None, {}
+    elif args.checkpoint is None:
+        raise SystemExit('Name a train.py checkpoint (or output folder), or --pretrained MODEL.TAG.')
+    else:
+        checkpoint = args.checkpoint / 'last.pth.tar' if args.checkpoint.is_dir() else args.checkpoint
+        try:
+            train = read_train_output(checkpoint, model_name=args.model)
+        except HubError as e:
+            raise SystemExit(str(e)) from e
+        variants = {
+            'float32': train.create_model(),
+            f'{args.dtype}, widths float32 (push)': stored_as(train.create_model(), dtype, FLOAT32_PARAM_NAMES),
+            f'{args.dtype}, every tensor': stored_as(train.create_model(), dtype, ()),
+        }
+        variants[f'float32, {args.dtype} autocast'] = Autocast(variants['float32'], dtype)
+        arch, model_kwargs, source, epoch, data_args = (train.arch, train.model_kwargs, checkpoint.name, train.epoch,
+                                                        train.args)
+    config = resolve_data_config(data_args, model=variants['float32'])
     dataset = ImageDataset(str(split), transform=create_transform(**config))
     if args.images:
         step = max(1, len(dataset) // args.images)
@@ -95,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size)
     results = compare(variants, loader)
     record = dict(
-        model=train.arch, model_kwargs=train.model_kwargs, checkpoint=checkpoint.name, epoch=train.epoch,
+        model=arch, model_kwargs=model_kwargs, checkpoint=source, epoch=epoch,
         images=len(dataset), split=args.split, data_config=config, results=results,
         platform=platform.platform(),
         versions=dict(torch=torch.__version__, timm=timm.__version__, timm_hbf=timm_hbf.__version__,

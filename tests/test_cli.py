@@ -32,9 +32,9 @@ def test_push_needs_a_repo_id_of_org_and_name_before_reading_anything(repo_id, t
     with pytest.raises(SystemExit) as e:
         main(['push', str(tmp_path / 'missing.pth.tar'), '--repo-id', repo_id, '--dry-run', str(tmp_path / 'dry')])
     assert e.value.code == 2 and capsys.readouterr().err.endswith(
-        f"error: argument --repo-id: {repo_id!r} is not ORG/NAME: names of letters, digits, '-', '_' and '.', neither "
+        "error: argument --repo-id: repo_id must be ORG/NAME: names of letters, digits, '-', '_' and '.', neither "
         "starting nor ending with '-' or '.', without '--' or '..', at most 96 characters each, NAME not ending in "
-        "'.git'\n")
+        f"'.git', got {repo_id!r}.\n")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,5 +1,5 @@
 """benchmarks/storage_dtype.py: a checkpoint's test predictions with its weights stored in half precision, the kernel
-widths kept in float32 (as ``timm-hbf push`` writes them) and rounded with the rest."""
+widths kept in float32 (as ``timm-hbf push`` writes them) and rounded with the rest, and under bf16 autocast."""
 import json
 from pathlib import Path
 
@@ -81,10 +81,22 @@ def test_the_record_on_real_images(script, checkpoint, cifar10_sample, tmp_path)
     assert (written['model'], written['checkpoint'], written['epoch'], written['images']) == \
         ('vit_hyperbf_tiny', 'last.pth.tar', 3, 40)  # a folder stands for its last checkpoint
     assert written['data_config']['input_size'] == [3, 32, 32]
-    float32, pushed, rounded = written['results'].values()
+    float32, pushed, rounded, autocast = written['results'].values()
+    assert list(written['results'])[-1] == 'float32, bfloat16 autocast'
     assert float32['changed_predictions'] == 0 and float32['max_logit_difference'] == 0.
-    assert 0. < pushed['max_logit_difference'] < 1. and 0. < rounded['max_logit_difference'] < 1.
+    for variant in (pushed, rounded, autocast):
+        assert 0. < variant['max_logit_difference'] < 1.
     assert record['command'].startswith('python benchmarks/storage_dtype.py') and record['versions']['timm']
+
+
+def test_pretrained_weights_as_stored_and_under_autocast(script, cifar10_sample):
+    record = script.main(['--pretrained', 'vit_hyperbf_nrbf_tiny.cifar10_100ep', '--data', str(cifar10_sample),
+                          '--images', '20'])
+    assert (record['model'], record['checkpoint'], record['images']) == ('vit_hyperbf_nrbf_tiny.cifar10_100ep',
+                                                                        'pretrained', 20)
+    float32, autocast = record['results'].values()
+    assert list(record['results']) == ['float32', 'float32, bfloat16 autocast']
+    assert float32['top1'] > 50. and 0. < autocast['max_logit_difference'] < 1.
 
 
 def test_a_data_folder_without_the_split_or_a_missing_checkpoint_is_refused(script, checkpoint, cifar10_sample,
@@ -93,3 +105,5 @@ def test_a_data_folder_without_the_split_or_a_missing_checkpoint_is_refused(scri
         script.main([str(checkpoint), '--data', str(tmp_path)])
     with pytest.raises(SystemExit, match='nothing.pth.tar'):
         script.main([str(tmp_path / 'nothing.pth.tar'), '--data', str(cifar10_sample)])
+    with pytest.raises(SystemExit, match=r'Name a train.py checkpoint .* or --pretrained'):
+        script.main(['--data', str(cifar10_sample)])

@@ -211,3 +211,14 @@ def assert_clean_cache(cache: Path) -> None:
         sha = hashlib.sha256(data) if len(blob.name) == 64 else hashlib.sha1(b'blob %d\0' % len(data) + data)
         assert sha.hexdigest() == blob.name, blob
     assert all(p.resolve().exists() for p in cache.glob('models--*/snapshots/**/*')), 'dangling link'
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A train.py checkpoint, read as timm reads it (weights only, the argument namespace allowed)."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def assert_same_tensors(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]

@@ -13,7 +13,7 @@ from timm.layers import resample_abs_pos_embed
 
 from timm_hbf.models import PretrainedWeightsError
 
-from .conftest import CIFAR10_LABELS, assert_clean_cache
+from .conftest import CIFAR10_LABELS, assert_clean_cache, assert_same_tensors
 from .test_train_output import Payload
 
 
@@ -22,10 +22,6 @@ def published(hub, repo_folder):
     """The dry-run folder of the training run, on the Hub as ``pull/published``; its weights."""
     hub.publish('pull/published', {p.name: p.read_bytes() for p in repo_folder.iterdir()})
     return 'pull/published', safetensors.torch.load_file(repo_folder / 'model.safetensors')
-
-
-def assert_same_tensors(a, b):
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def config_of(repo_folder) -> dict:

@@ -1,6 +1,5 @@
 """Reading train.py's output: the checkpoint a folder stands for, EMA weights, the recipe, the metrics, and only
 weights-only unpickling (timm's reading)."""
-import argparse
 import pickle
 import shutil
 
@@ -11,15 +10,7 @@ import yaml
 
 from timm_hbf.hub import HubError, read_summary, read_train_output
 
-
-def load_checkpoint(path):
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return torch.load(path, map_location='cpu', weights_only=True)
-
-
-def assert_same_tensors(a, b):
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+from .conftest import assert_same_tensors, load_checkpoint
 
 
 def test_folder_stands_for_its_best_checkpoint(train_run):

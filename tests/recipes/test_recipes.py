@@ -4,14 +4,16 @@ for every model that its header names (given with ``--model``), timm's ViT of th
 timm's train.py is in timm's git repository only (no wheel or sdist on the package index ships it), so these tests
 check what the recipes say through timm's own factories rather than by running train.py."""
 import argparse
+import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
 import yaml
-from timm.data import ImageDataset, create_transform, resolve_data_config
+from timm.data import ImageDataset, Mixup, create_transform, resolve_data_config
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2, scheduler_kwargs
 
@@ -44,7 +46,7 @@ def build(cfg: dict, model: str) -> torch.nn.Module:
 
 def test_one_recipe_per_dataset_and_schedule():
     assert [recipe_id(p) for p in PATHS] == [
-        'cifar10/memo143', 'cifar10/modern', 'cifar10/short', 'cifar100/memo143', 'cifar100/modern',
+        'cifar10/memo143', 'cifar10/modern', 'cifar10/short', 'cifar10/strong', 'cifar100/memo143', 'cifar100/modern',
         'tiny_imagenet/memo143', 'tiny_imagenet/modern']
 
 
@@ -91,6 +93,62 @@ def test_memo_recipe_keeps_the_learning_rate_constant_as_the_authors_code(path):
         scheduler.step(epoch)
         rates |= {group['lr'] for group in optimizer.param_groups}
     assert epochs == cfg['epochs'] and rates == {cfg['lr']}
+
+
+def learning_rate(cfg: dict, global_batch: int) -> float:
+    """The learning rate train.py derives from the recipe's ``lr_base`` for a global batch when no ``--lr`` is given."""
+    ratio = global_batch / cfg['lr_base_size']
+    return cfg['lr_base'] * (ratio ** 0.5 if cfg['lr_base_scale'] == 'sqrt' else ratio)
+
+
+@pytest.mark.parametrize('path', [p for p in PATHS if p.stem == 'strong'], ids=recipe_id)
+def test_strong_recipe_schedules_as_lee_lee_and_song(path):
+    """Their 100 epochs at batch 128: AdamW at 1e-3 (2e-3 at batch 512, by the square root), 10 epochs of warmup, then
+    cosine, stepped every update, through timm's scheduler as train.py builds and steps it on 45,000 images."""
+    cfg = load(path)
+    assert (cfg['epochs'], cfg['batch_size'], cfg['opt'], cfg['weight_decay']) == (100, 128, 'adamw', 0.05)
+    assert learning_rate(cfg, 128) == pytest.approx(1e-3) and learning_rate(cfg, 512) == pytest.approx(2e-3)
+    peak = learning_rate(cfg, cfg['batch_size'])
+    optimizer = create_optimizer_v2(build(cfg, cfg['model']).to_empty(device='cpu'), opt=cfg['opt'], lr=peak,
+                                    weight_decay=cfg['weight_decay'])
+    updates = 45_000 // cfg['batch_size']  # the training loader drops the last, partial batch
+    scheduler, epochs = create_scheduler_v2(optimizer, **scheduler_kwargs(argparse.Namespace(**cfg)),
+                                            updates_per_epoch=updates)
+    rates = []
+    for update in range(epochs * updates):
+        scheduler.step_update(update)  # train.py: after every update, and nothing at the end of an epoch
+        rates.append(optimizer.param_groups[0]['lr'])
+
+    def cosine(epoch: int) -> float:  # over all 100 epochs: the warmup takes the place of its first 10
+        return cfg['min_lr'] + (peak - cfg['min_lr']) * (1 + math.cos(math.pi * epoch / epochs)) / 2
+
+    warmup = 10 * updates
+    assert epochs == 100 and rates[0] == cfg['warmup_lr'] and max(rates) == pytest.approx(peak, rel=1e-3)
+    assert all(a < b for a, b in zip(rates[:warmup - 1], rates[1:warmup]))  # rises with every update
+    assert [rates[epoch * updates] for epoch in (10, 50, 90)] == pytest.approx([cosine(e) for e in (10, 50, 90)])
+    assert rates[-1] == pytest.approx(cfg['min_lr'], rel=1e-3)
+
+
+@pytest.mark.parametrize('path', [p for p in PATHS if p.stem == 'strong'], ids=recipe_id)
+def test_strong_recipe_mixes_as_lee_lee_and_song(path):
+    """Their mixing: half the batches left alone, the other half mixup or CutMix (both with alpha 1) at even odds, on
+    label-smoothed targets; through timm's Mixup with the arguments train.py gives it from the recipe, on batches of
+    constant images, where a blend (mixup) and a pasted box (CutMix) tell themselves apart."""
+    cfg = load(path)
+    assert (cfg['mixup'], cfg['cutmix'], cfg['smoothing']) == (1.0, 1.0, 0.1)
+    mixup = Mixup(mixup_alpha=cfg['mixup'], cutmix_alpha=cfg['cutmix'], prob=cfg.get('mixup_prob', 1.),
+                  switch_prob=cfg.get('mixup_switch_prob', 0.5), mode=cfg.get('mixup_mode', 'batch'),
+                  label_smoothing=cfg['smoothing'], num_classes=cfg['num_classes'])
+    np.random.seed(0)
+    kinds = []
+    for _ in range(1000):
+        x = torch.arange(8.).view(8, 1, 1, 1).expand(8, 1, 16, 16).clone()  # image i: all i; the size does not matter
+        mixed, target = mixup(x.clone(), torch.arange(8) % cfg['num_classes'])
+        assert torch.allclose(target.sum(1), torch.ones(8))
+        assert target.min().item() == pytest.approx(cfg['smoothing'] / cfg['num_classes'])
+        kinds.append('none' if torch.equal(mixed, x) else 'cutmix' if torch.equal(mixed, mixed.round()) else 'mixup')
+    assert kinds.count('none') / len(kinds) == pytest.approx(0.5, abs=0.05)
+    assert kinds.count('cutmix') / (len(kinds) - kinds.count('none')) == pytest.approx(0.5, abs=0.05)
 
 
 @pytest.mark.parametrize('path', PATHS, ids=recipe_id)

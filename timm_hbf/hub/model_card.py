@@ -15,7 +15,6 @@ from .train_output import TrainOutput
 __all__ = ['CURVES_FILE', 'model_card', 'plot_training_curves']
 
 CURVES_FILE = 'training_curves.png'
-TAGS = ('image-classification', 'timm', 'timm_hbf')
 # train.py arguments shown in the card's recipe table, in this order, when set
 RECIPE_KEYS = (
     'dataset', 'train_split', 'val_split', 'model_kwargs', 'pretrained', 'epochs', 'batch_size', 'grad_accum_steps',
@@ -25,27 +24,18 @@ RECIPE_KEYS = (
 # train.py arguments that hold paths on the training machine: not published
 LOCAL_PATH_KEYS = (
     'data', 'data_dir', 'output', 'resume', 'initial_checkpoint', 'pretrained_path', 'class_map', 'cache_dir')
-METRICS = (('train_loss', 'train loss'), ('eval_loss', 'eval loss'), ('eval_top1', 'top-1 (%)'),
-           ('eval_top5', 'top-5 (%)'))
+METRICS = {'train_loss': 'train loss', 'eval_loss': 'eval loss', 'eval_top1': 'top-1 (%)', 'eval_top5': 'top-5 (%)'}
 # panels of the training-curve image: y label, then (summary.csv column, legend, colour) per curve
-CURVE_PANELS = (
-    ('loss', (('train_loss', 'train', 'tab:blue'), ('eval_loss', 'eval', 'tab:orange'))),
-    ('top-1 (%)', (('eval_top1', 'eval', 'tab:orange'),)),
-)
+CURVE_PANELS = (('loss', (('train_loss', 'train', 'tab:blue'), ('eval_loss', 'eval', 'tab:orange'))),
+                ('top-1 (%)', (('eval_top1', 'eval', 'tab:orange'),)))
 
 
-def model_card(
-        repo_id: str,
-        model: nn.Module,
-        train: TrainOutput,
-        label_names: Optional[Sequence[str]] = None,
-) -> str:
+def model_card(repo_id: str, model: nn.Module, train: TrainOutput, label_names: Optional[Sequence[str]] = None) -> str:
     """The Markdown of the model card of the repo ``repo_id`` for ``model`` as pushed from ``train``: Hub metadata,
     usage, architecture and paper, recipe, metrics and the training-curve image (:data:`CURVES_FILE`, pushed beside
     the card when the run has a ``summary.csv``); ``label_names`` are the class names, in classifier order."""
-    cfg = model.pretrained_cfg
-    front = {'library_name': 'timm', 'license': cfg.get('license') or 'apache-2.0',
-             'pipeline_tag': 'image-classification', 'tags': list(TAGS)}
+    front = {'library_name': 'timm', 'license': model.pretrained_cfg.get('license') or 'apache-2.0',
+             'pipeline_tag': 'image-classification', 'tags': ['image-classification', 'timm', 'timm_hbf']}
     sections = [
         '---\n' + yaml.safe_dump(front, sort_keys=False) + '---',
         f'# Model card for {repo_id}',
@@ -68,8 +58,7 @@ def plot_training_curves(summary: List[Dict[str, float]], path: Path, title: str
         from matplotlib.ticker import MaxNLocator
     except ImportError as e:
         raise HubError('Drawing the training curves needs matplotlib: pip install "timm-hbf[hub]".') from e
-    panels = [(label, [c for c in curves if c[0] in summary[0]]) for label, curves in CURVE_PANELS]
-    panels = [(label, curves) for label, curves in panels if curves]
+    panels = [(label, shown) for label, curves in CURVE_PANELS if (shown := [c for c in curves if c[0] in summary[0]])]
     epochs = [row['epoch'] for row in summary]
     fig = Figure(figsize=(4.2 * len(panels), 3.4), dpi=100, layout='constrained')
     fig.suptitle(title)
@@ -113,16 +102,12 @@ Fine-tune on other data with `timm.create_model('hf-hub:{repo_id}', pretrained=T
 
 
 def _details(train: TrainOutput, model: nn.Module, label_names: Optional[Sequence[str]]) -> str:
-    cfg = model.pretrained_cfg
-    entrypoint = timm.models.model_entrypoint(train.arch)
-    family = _first_paragraph(sys.modules[type(model).__module__].__doc__)
-    paper = cfg.get('paper_name')
-    architecture = f'`{train.arch}`'
-    if entrypoint.__doc__:
-        architecture += f': {_first_paragraph(entrypoint.__doc__)}'
-    built = {k: v for k, v in train.model_kwargs.items() if k not in ('num_classes', 'in_chans')}
+    cfg, entrypoint = model.pretrained_cfg, timm.models.model_entrypoint(train.arch)
+    family, paper = _first_paragraph(sys.modules[type(model).__module__].__doc__), cfg.get('paper_name')
+    architecture = f'`{train.arch}`' + (f': {_first_paragraph(entrypoint.__doc__)}' if entrypoint.__doc__ else '')
+    built = [f'{k}={v!r}' for k, v in train.model_kwargs.items() if k not in ('num_classes', 'in_chans')]
     if built:
-        architecture += f' Built with `{", ".join(f"{k}={v!r}" for k, v in built.items())}`.'
+        architecture += f' Built with `{", ".join(built)}`.'
     lines = [
         f'- **Architecture:** {architecture}',
         f'- **Family:** {family}' if family else '',
@@ -140,7 +125,9 @@ def _details(train: TrainOutput, model: nn.Module, label_names: Optional[Sequenc
 def _recipe(args: Dict[str, Any]) -> str:
     if not args:
         return ''
-    rows = '\n'.join(f'| {k} | `{args[k]}` |' for k in RECIPE_KEYS if not _unset(args.get(k)))
+    # arguments left at nothing or off are not shown; 0 is a value (a seed, no weight decay)
+    rows = '\n'.join(f'| {k} | `{args[k]}` |' for k in RECIPE_KEYS
+                     if args.get(k) not in (None, '', {}) and args[k] is not False)
     published = yaml.safe_dump({k: v for k, v in args.items() if k not in LOCAL_PATH_KEYS}, sort_keys=True).rstrip()
     return (f"## Training recipe\n\ntimm's `train.py` arguments (`args.yaml`):\n\n| argument | value |\n|---|---|\n"
             f'{rows}\n\n<details><summary>All arguments (paths on the training machine left out)</summary>\n\n'
@@ -150,49 +137,28 @@ def _recipe(args: Dict[str, Any]) -> str:
 def _results(train: TrainOutput) -> str:
     if not train.summary:
         return ''
-    last = train.summary[-1]
+    last, ema, on_cpu = train.summary[-1], train.args.get('model_ema'), train.args.get('model_ema_force_cpu')
     pushed = next((row for row in train.summary if row['epoch'] == train.epoch), None)
-    # train.py evaluated the EMA weights, where it kept them on the device: their row describes these weights only
-    # where they are the EMA weights
-    ema_evaluated = train.args.get('model_ema') and not train.args.get('model_ema_force_cpu')
-    label = 'this epoch (EMA weights)' if ema_evaluated and not train.ema else 'these weights'
-    rows = [(label, pushed)] if pushed is not None else []
-    if pushed is not last:
-        rows.append(('last epoch', last))
-    columns = [(k, name) for k, name in METRICS if k in train.summary[0]]
-    lines = [
-        '## Results',
-        '',
-        "From train.py's `summary.csv`." + _ema_note(train),
-        '',
-        '| | epoch | ' + ' | '.join(name for _, name in columns) + ' |',
+    note = ''
+    if ema and on_cpu:  # train.py does not evaluate EMA weights kept on the CPU
+        note = (' The run kept EMA weights on the CPU (`--model-ema-force-cpu`), which train.py does not evaluate: '
+                'the metrics are those of the plain weights, '
+                + ('not of the EMA weights pushed here.' if train.ema else 'the weights pushed here.'))
+    elif ema:
+        note = (' The run kept EMA weights (`--model-ema`), and train.py evaluated those: '
+                + ('the weights pushed here.' if train.ema else 'push with `--ema` to publish those.'))
+    # where train.py evaluated the EMA weights, an epoch's metrics describe these weights only if they are those
+    label = 'this epoch (EMA weights)' if ema and not on_cpu and not train.ema else 'these weights'
+    rows = ([(label, pushed)] if pushed is not None else []) + ([('last epoch', last)] if pushed is not last else [])
+    columns = [k for k in METRICS if k in train.summary[0]]
+    return '\n'.join([
+        '## Results', '', "From train.py's `summary.csv`." + note, '',
+        '| | epoch | ' + ' | '.join(METRICS[k] for k in columns) + ' |',
         '|---|---' + '|---' * len(columns) + '|',
-        *[f'| {label} | {row["epoch"]} | ' + ' | '.join(_number(row.get(k)) for k, _ in columns) + ' |'
-          for label, row in rows],
-        '',
-        f'![Loss and top-1 accuracy per epoch]({CURVES_FILE})',
-    ]
-    return '\n'.join(lines)
-
-
-def _unset(value: Any) -> bool:
-    """An argument left at nothing or off (``0`` is a value: a seed, no weight decay)."""
-    return value is None or value is False or (isinstance(value, (str, dict)) and not value)
-
-
-def _ema_note(train: TrainOutput) -> str:
-    if not train.args.get('model_ema'):
-        return ''
-    if train.args.get('model_ema_force_cpu'):  # train.py does not evaluate EMA weights kept on the CPU
-        pushed = 'not of the EMA weights pushed here' if train.ema else 'the weights pushed here'
-        return (' The run kept EMA weights on the CPU (`--model-ema-force-cpu`), which train.py does not evaluate: '
-                f'the metrics are those of the plain weights, {pushed}.')
-    pushed = 'the weights pushed here' if train.ema else 'push with `--ema` to publish those'
-    return f' The run kept EMA weights (`--model-ema`), and train.py evaluated those: {pushed}.'
-
-
-def _number(value: Optional[float]) -> str:
-    return '' if value is None else f'{value:.4g}'
+        *[f'| {label} | {row["epoch"]} | ' + ' | '.join('' if row.get(k) is None else f'{row[k]:.4g}' for k in columns)
+          + ' |' for label, row in rows],
+        '', f'![Loss and top-1 accuracy per epoch]({CURVES_FILE})',
+    ])
 
 
 def _first_paragraph(doc: Optional[str]) -> str:

@@ -8,25 +8,23 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
-from huggingface_hub import CommitInfo, HfApi, constants
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub import CommitInfo, HfApi, constants, get_token
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, HTTPError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from timm.data import resolve_data_config
 from timm.models import save_for_hf
 
 from .. import __version__
-from .errors import HubError, hub_errors
+from .errors import HubError
 from .model_card import CURVES_FILE, model_card, plot_training_curves
 from .train_output import TrainOutput
 
-__all__ = ['FLOAT32_PARAM_NAMES', 'is_repo_id', 'push_to_hub', 'to_storage_dtype', 'write_repo_folder']
+__all__ = ['FLOAT32_PARAM_NAMES', 'check_repo_id', 'push_to_hub', 'to_storage_dtype', 'write_repo_folder']
 
 # Kept in float32 whatever the file's dtype: the kernel widths are exponents (gamma = exp(log_gamma) scales squared
 # distances), which bf16 rounding of log_gamma would move by up to a percent, and they are few.
 FLOAT32_PARAM_NAMES = ('log_gamma',)
-REPO_ID_FORM = ("ORG/NAME: names of letters, digits, '-', '_' and '.', neither starting nor ending with '-' or '.', "
-                "without '--' or '..', at most 96 characters each, NAME not ending in '.git'")
 
 
 def to_storage_dtype(model: torch.nn.Module, dtype: torch.dtype,
@@ -36,36 +34,33 @@ def to_storage_dtype(model: torch.nn.Module, dtype: torch.dtype,
     kept = {name: param.detach().float().clone() for name, param in model.named_parameters()
             if name.rsplit('.', 1)[-1] in keep_float32}
     model.to(dtype)
-    for name, param in model.named_parameters():
-        if name in kept:
-            param.data = kept[name]
+    for name, value in kept.items():
+        model.get_parameter(name).data = value
     return model
 
 
-def is_repo_id(value: str) -> bool:
-    """Whether ``value`` is a Hub model repo id of the form ``ORG/NAME`` (see ``REPO_ID_FORM``)."""
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` if it is a Hub model repo id ``ORG/NAME``; else raises :class:`HubError` saying what one is."""
     try:
-        validate_repo_id(value)
+        validate_repo_id(repo_id)
+        valid = repo_id.count('/') == 1
     except HFValidationError:
-        return False
-    return value.count('/') == 1
+        valid = False
+    if not valid:
+        raise HubError(f"repo_id must be ORG/NAME: names of letters, digits, '-', '_' and '.', neither starting nor "
+                       "ending with '-' or '.', without '--' or '..', at most 96 characters each, NAME not ending in "
+                       f"'.git', got {repo_id!r}.")
+    return repo_id
 
 
-def write_repo_folder(
-        train: TrainOutput,
-        folder: Union[str, Path],
-        repo_id: str,
-        label_names: Optional[Sequence[str]] = None,
-        pytorch_bin: bool = False,
-        dtype: Optional[torch.dtype] = None,
-) -> Path:
+def write_repo_folder(train: TrainOutput, folder: Union[str, Path], repo_id: str,
+                      label_names: Optional[Sequence[str]] = None, pytorch_bin: bool = False,
+                      dtype: Optional[torch.dtype] = None) -> Path:
     """Write the files of the model repo for ``train`` into the new folder ``folder``, all or nothing: timm's
-    ``config.json`` (architecture, model arguments, input and preprocessing of train.py's evaluation, class names) and
-    ``model.safetensors`` (and ``pytorch_model.bin`` with ``pytorch_bin``), the model card ``README.md`` for
-    ``repo_id`` and, where the run has a ``summary.csv``, the training curves it shows. ``dtype`` writes the
-    floating-point weights in that dtype (default: as in the checkpoint), but for the kernel widths
-    (``FLOAT32_PARAM_NAMES``), which stay float32; ``torch.bfloat16`` halves the files, and timm casts them back to
-    the model's dtype when it loads them. ``label_names`` are the class names, in classifier order."""
+    ``config.json`` and ``model.safetensors`` (and ``pytorch_model.bin`` with ``pytorch_bin``), the model card
+    ``README.md`` for ``repo_id`` and, where the run has a ``summary.csv``, its training curves. ``dtype`` writes the
+    weights in that dtype as :func:`to_storage_dtype` casts them (timm casts them back to the model's dtype as it loads
+    them); ``label_names`` are the class names, in classifier order."""
     folder = Path(folder)
     if folder.exists():
         raise HubError(f'{folder} already exists: name a new folder.')
@@ -74,8 +69,7 @@ def write_repo_folder(
 
 def _write_repo_folder(train: TrainOutput, folder: Path, repo_id: str, label_names: Optional[Sequence[str]],
                        pytorch_bin: bool, dtype: Optional[torch.dtype], where: str = 'a writable folder') -> Path:
-    if not is_repo_id(repo_id):
-        raise HubError(f'repo_id must be {REPO_ID_FORM}, got {repo_id!r}.')
+    check_repo_id(repo_id)
     model = train.create_model()
     if dtype is not None:
         to_storage_dtype(model, dtype)
@@ -89,20 +83,22 @@ def _write_repo_folder(train: TrainOutput, folder: Path, repo_id: str, label_nam
     for key in ('tag', 'label_names', 'label_descriptions'):
         model.pretrained_cfg.pop(key, None)
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f'.{folder.name}.', dir=folder.parent))
+        folder.mkdir(parents=True)
         try:
-            save_for_hf(model, partial, model_config={'label_names': list(label_names)} if label_names else None,
+            save_for_hf(model, folder, model_config={'label_names': list(label_names)} if label_names else None,
                         model_args={**input_args, **train.model_kwargs},
                         safe_serialization='both' if pytorch_bin else True)
-            _class_count_at_top_level(partial / 'config.json')
+            # The number of classes at the top level only: transformers' timm wrapper passes that one to create_model
+            # beside model_args, and a copy there fails with "got multiple values for keyword argument 'num_classes'".
+            config = json.loads((folder / 'config.json').read_text())
+            config.get('model_args', {}).pop('num_classes', None)
+            (folder / 'config.json').write_text(json.dumps(config, indent=2))
             if train.summary:
-                plot_training_curves(train.summary, partial / CURVES_FILE, title=f'{repo_id} ({train.arch})',
+                plot_training_curves(train.summary, folder / CURVES_FILE, title=f'{repo_id} ({train.arch})',
                                      epoch=train.epoch)
-            (partial / 'README.md').write_text(model_card(repo_id, model, train, label_names), encoding='utf-8')
-            partial.rename(folder)
+            (folder / 'README.md').write_text(model_card(repo_id, model, train, label_names), encoding='utf-8')
         except BaseException:
-            shutil.rmtree(partial)
+            shutil.rmtree(folder)
             raise
     except (OSError, SafetensorError) as e:  # a read-only place, a full disk (safetensors reports it as its own)
         raise HubError(f'cannot write {folder}: {e}. Choose {where} with free space.') from e
@@ -113,10 +109,10 @@ def _input_of(model: torch.nn.Module) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """The input a ViT-shaped ``model`` takes as built, which ``img_size``, ``in_chans`` and ``dynamic_img_size`` can
     make differ from its tag's: as pretrained-cfg entries (the tag's normalisation averaged over the channels where
     their number differs) and as the model arguments that rebuild it at that size."""
-    embed = getattr(model, 'patch_embed', None)
-    if embed is None or not isinstance(getattr(embed, 'proj', None), torch.nn.Conv2d):
+    proj = getattr(getattr(model, 'patch_embed', None), 'proj', None)
+    if not isinstance(proj, torch.nn.Conv2d):
         return {}, {}
-    channels, size, cfg = embed.proj.in_channels, tuple(embed.img_size), model.pretrained_cfg
+    channels, size, cfg = proj.in_channels, tuple(model.patch_embed.img_size), model.pretrained_cfg
     found = dict(input_size=(channels, *size), fixed_input_size=not getattr(model, 'dynamic_img_size', False))
     for key in ('mean', 'std'):
         if cfg.get(key) is not None and len(cfg[key]) != channels:
@@ -124,26 +120,9 @@ def _input_of(model: torch.nn.Module) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     return found, dict(img_size=list(size), in_chans=channels)
 
 
-def _class_count_at_top_level(config: Path) -> None:
-    """Keep the number of classes of a ``config.json`` of ``save_for_hf`` at its top level only, out of its
-    ``model_args`` (where timm 1.0.31 writes a copy): transformers' timm wrapper passes the top-level one to
-    ``timm.create_model`` beside ``model_args``, and a copy there fails with "got multiple values for keyword argument
-    'num_classes'"; timm reads it there too, so ``num_classes=N`` still adapts the head."""
-    content = json.loads(config.read_text())
-    content.get('model_args', {}).pop('num_classes', None)
-    config.write_text(json.dumps(content, indent=2))
-
-
-def push_to_hub(
-        train: TrainOutput,
-        repo_id: str,
-        label_names: Optional[Sequence[str]] = None,
-        private: bool = False,
-        revision: Optional[str] = None,
-        create_pr: bool = False,
-        pytorch_bin: bool = False,
-        dtype: Optional[torch.dtype] = None,
-) -> CommitInfo:
+def push_to_hub(train: TrainOutput, repo_id: str, label_names: Optional[Sequence[str]] = None, private: bool = False,
+                revision: Optional[str] = None, create_pr: bool = False, pytorch_bin: bool = False,
+                dtype: Optional[torch.dtype] = None) -> CommitInfo:
     """Push the files of :func:`write_repo_folder` to the Hub repo ``repo_id`` (``ORG/NAME``) in one commit, to the
     branch ``revision`` (default: main) or, with ``create_pr``, as a pull request. The repo (``private`` if asked) and
     the branch are created if missing; the model card is written anew on every push."""
@@ -155,9 +134,32 @@ def push_to_hub(
     with tempfile.TemporaryDirectory() as tmp:
         folder = _write_repo_folder(train, Path(tmp) / 'repo', repo_id, label_names, pytorch_bin, dtype,
                                     where='a temporary folder (TMPDIR)')
-        with hub_errors(repo_id, revision):
+        try:
             repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
             if revision is not None:
                 api.create_branch(repo_id, branch=revision, exist_ok=True)
             return api.upload_folder(repo_id=repo_id, folder_path=folder, revision=revision, create_pr=create_pr,
                                      commit_message=f'Add {train.arch} weights ({train.checkpoint.name}{epoch})')
+        except Exception as err:
+            why = _why_failed(err, repo_id)
+            if why is None:
+                raise
+            raise HubError(f'Pushing to {repo_id}@{revision or "main"} failed: {why}') from err
+
+
+def _why_failed(err: BaseException, repo_id: str) -> Optional[str]:
+    """What the Hub client's HTTP or connection error ``err`` (or the first cause that is one: the client wraps some in
+    a RuntimeError) means and what to do, in a few words; None for other errors."""
+    while err is not None and not isinstance(err, (OSError, HTTPError)):  # HTTPError: that of the HTTP library
+        err = err.__cause__
+    if err is None:
+        return None
+    status = err.response.status_code if isinstance(err, HfHubHTTPError) and err.response is not None else None
+    if status is None:  # no answer: the connection could not be opened, or it broke off
+        return (f'no answer from {constants.ENDPOINT} ({type(err).__name__}: {err}). Check the network connection, '
+                'the proxy settings and HF_ENDPOINT, and run again.')
+    if status in (401, 403):
+        who = 'you are not logged in' if get_token() is None else 'the Hub refused your token'
+        return (f'{who} (HTTP {status}): log in with `hf auth login` or set HF_TOKEN to a token with write access to '
+                f'{repo_id.split("/")[0]}.')
+    return f'{constants.ENDPOINT} answered HTTP {status} ({str(err).splitlines()[0]}). Run again later.'

@@ -34,14 +34,18 @@ def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _log_gaussian(x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+def _log_gaussian(x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor, low: Optional[torch.dtype]) -> torch.Tensor:
     dtype = accumulation_dtype(x)
     x, t, gamma = x.to(dtype), t.to(dtype), gamma.to(dtype)
     two_gamma_t = t * (2. * gamma).transpose(-1, -2)  # 2 gamma_j t_j, (..., M, D)
     t_term = torch.linalg.vecdot(two_gamma_t, t).unsqueeze(-2) * -.5  # -gamma_j ||t_j||^2, (..., 1, M)
     x_sq = torch.linalg.vecdot(x, x).unsqueeze(-1)  # (..., N, 1)
+    if low is None:
+        cross = x @ two_gamma_t.transpose(-1, -2)
+    else:  # under autocast the product runs in its dtype: the one large operation, its sum rounded once
+        cross = (x.to(low) @ two_gamma_t.to(low).transpose(-1, -2)).to(dtype)
     # the terms go into the product's fresh output, which autograd does not keep
-    return (x @ two_gamma_t.transpose(-1, -2)).add_(t_term).addcmul_(x_sq, gamma, value=-1.)
+    return cross.add_(t_term).addcmul_(x_sq, gamma, value=-1.)
 
 
 def log_gaussian(x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
@@ -51,15 +55,17 @@ def log_gaussian(x: torch.Tensor, t: torch.Tensor, gamma: torch.Tensor) -> torch
     ``(H, 1, 1)`` for one per head. The square is expanded, ``2 gamma x.t - gamma ||t||^2 - gamma ||x||^2``: one
     matrix product with ``gamma`` on ``t``, plus two norms.
 
-    Computed in float32, also under autocast: where points lie near centres the three terms nearly cancel, and a
-    product rounded to bf16 (8 significant bits) would lose their difference. On CUDA the product runs as TF32 where
-    ``torch.backends.cuda.matmul.allow_tf32`` is set (timm's train.py sets it), which rounds the operands, not the sum.
+    The norms and the sum of the three terms are float32, also under autocast, where the product ``2 gamma x.t``
+    runs in the autocast dtype: its relative rounding (``2^-9`` in bf16) scales with ``gamma``, not with the distance's
+    terms, which a bf16 sum of the three would lose where points lie near centres.
     """
     if not torch.jit.is_scripting():
         if x.device.type != 'meta':  # autocast has no meta device (a call to ask breaks torch 2.11's graph)
-            with torch.autocast(x.device.type, enabled=False):
-                return _log_gaussian(x, t, gamma)
-    return _log_gaussian(x, t, gamma)
+            device = x.device.type
+            low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+            with torch.autocast(device, enabled=False):
+                return _log_gaussian(x, t, gamma, low)
+    return _log_gaussian(x, t, gamma, None)
 
 
 # a leaf for torch.fx: a symbolic trace cannot take the autocast context's device from a traced tensor

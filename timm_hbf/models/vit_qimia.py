@@ -367,8 +367,9 @@ class VisionTransformerQimia(nn.Module):
         if mode == 'skip':
             return
         trunc_normal_(self.pos_embed, std=.02)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        if self.cls_token is not None:  # an entry of its own (unless sublayer_values) starts at a patch entry's scale:
+            # near zero, as in timm's ViT, its unit-L2 key would scale the key path's gradients by 1 / |k|
+            nn.init.normal_(self.cls_token, std=1e-6 if self.sublayer_values else .02)
         if self.reg_token is not None:
             nn.init.normal_(self.reg_token, std=1e-6)
         if self.null_key is not None:  # keys_from_values: unit RMS, as the normalised keys beside it
