@@ -41,7 +41,7 @@ def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dic
     * ``readers`` and ``entries``: row and column names.
 
     The weights are Eq. 1's softmax over the entries each read sees, recomputed from the entries the forward pass
-    wrote (the model itself keeps only their sums).
+    wrote (the model does not keep them).
     """
     sublayers = [(f'{i}.{part}', getattr(layer, part)) for i, layer in enumerate(model.blocks)
                  for part in ('attn', 'mlp')]

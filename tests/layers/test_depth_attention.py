@@ -1,5 +1,6 @@
 """Attention over depth: the read of report Eq. 1-2 over a memory of entries, how entries are stored and written,
-and the memory's online sums, whose cost does not grow with the number of entries."""
+and the memory's stacks, whose reads cost as many operations whatever the number of entries and keep no copy of them
+for the backward pass."""
 import collections
 import math
 
@@ -107,6 +108,99 @@ def test_the_memory_keeps_sums_for_every_read_to_come_and_each_read_takes_its_ow
         memory_ = read.write(memory_, keys[i], values[i])
         out, memory_ = read(memory_)
         torch.testing.assert_close(out, explicit_read(read.query.detach(), keys[:i + 1], values[:i + 1]))
+
+
+def equation_read(read, keys, values):
+    """Eq. 1 in plain autograd: the weights from the keys, the values stacked."""
+    weights = depth_weights(read.memory_query(), [read.key(k) for k in keys])[..., 0, :]  # (..., H, L)
+    stacked = torch.stack(torch.broadcast_tensors(*values), -2).unflatten(-1, (read.num_heads, -1))
+    return torch.einsum('...hl,...lhd->...hd', weights, stacked).flatten(-2)
+
+
+@pytest.mark.parametrize('capacity', [0, 4], ids=['growing', 'preallocated'])
+@pytest.mark.parametrize('merge', [False, True])
+def test_gradients_are_those_of_the_equation(merge, capacity):
+    """Three reads, each over the entries written before it (the last one merging the newest as a running summary):
+    the gradients of entries, keys and queries are those of Eq. 1 computed directly, though the backward pass sums
+    every read's gradient of the values into one buffer and the stacks share one storage."""
+    reads = [read_with_query(seed=seed) for seed in (1, 2, 3)]
+    keys, values = memory(num_entries=4, shared=True)
+    leaves = [t.requires_grad_() for t in keys + values]
+    weights = [torch.randn(2, 3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    def gradients(outputs):
+        for read in reads:
+            read.zero_grad()
+        grads = torch.autograd.grad(sum((out * w).sum() for out, w in zip(outputs, weights)), leaves,
+                                    retain_graph=True)
+        return grads + tuple(torch.autograd.grad(sum((out * w).sum() for out, w in zip(outputs, weights)),
+                                                 [read.query for read in reads]))
+
+    state = reads[0].start(torch.cat([read.memory_query() for read in reads], -1), None, values[-1], capacity)
+    state = reads[0].write(state, keys[0], values[0])
+    outputs = []
+    for i, read in enumerate(reads):
+        last = merge and i == 2
+        state = read.write(state, keys[i + 1], values[i + 1], commit=not last)
+        out, state = read(state, merge=last)
+        outputs.append(out)
+    expected = [equation_read(read, keys[:i + 2], values[:i + 2]).expand(2, 3, 12) for i, read in enumerate(reads)]
+    torch.testing.assert_close(outputs, expected)
+    for got, want in zip(gradients(outputs), gradients(expected)):
+        torch.testing.assert_close(got, want)
+
+
+def test_backward_passes_over_one_graph_give_the_gradients_of_the_equation_each_time():
+    """Each entry depends on the read before it, as in a model, so that a read's gradient is added in place into
+    the one its stack's next write passes on: a second pass over the same graph (``retain_graph``), and one that
+    stops at the first read, give the gradients of the equation too."""
+    reads = [read_with_query(seed=seed) for seed in (1, 2, 3)]
+    keys, values = memory(num_entries=4)
+    leaves = [t.requires_grad_() for t in keys + values]
+
+    def chain(read_fn):
+        outputs, written = [], [values[0]]
+        for i, read in enumerate(reads):
+            written.append(values[i + 1] + .5 * (outputs[-1] if outputs else 0))
+            outputs.append(read_fn(i, read, written))
+        return outputs
+
+    state = [reads[0].start(torch.cat([read.memory_query() for read in reads], -1), None, values[0], 4)]
+    state[0] = reads[0].write(state[0], keys[0], values[0])
+
+    def memory_read(i, read, written):
+        state[0] = read.write(state[0], keys[i + 1], written[-1])
+        out, state[0] = read(state[0])
+        return out
+
+    outputs = chain(memory_read)
+    expected = chain(lambda i, read, written: equation_read(read, keys[:i + 2], written))
+    for loss, reference in ((outputs[-1].sum(), expected[-1].sum()), (outputs[0].sum(), expected[0].sum()),
+                            (outputs[-1].sum(), expected[-1].sum())):
+        grads = [torch.autograd.grad(y, leaves, retain_graph=True, allow_unused=True, materialize_grads=True)
+                 for y in (loss, reference)]
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want)
+
+
+def test_reads_keep_their_stacks_in_one_storage():
+    """32 reads, each over the entries written before it: the backward pass keeps about the entries themselves (a
+    copy of its stack for every read would be 16 times as much)."""
+    read = read_with_query(dtype=torch.float32)
+    keys, values = memory(num_entries=32, batch=4, tokens=16, dim=256, dtype=torch.float32)
+    values = [v.requires_grad_() for v in values]
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        state = read.start(read.memory_query().expand(-1, -1, 32), None, values[0], 32)
+        for key, value in zip(keys, values):
+            state = read.write(state, key, value)
+            _, state = read(state)
+    assert sum(storages.values()) < 1.5 * sum(v.numel() * v.element_size() for v in values)
 
 
 class OpCount(TorchDispatchMode):
@@ -281,7 +375,7 @@ def test_summaries_add_up_in_float32_under_autocast():
     values[1] = values[1] * 50 + 300  # a bf16 sum would round away most of the smaller value
     with torch.autocast('cpu', dtype=torch.bfloat16):
         merged = summary_memory(read, keys, values)
-    assert merged.key.dtype == merged.value.dtype == merged.acc.dtype == torch.float32
+    assert merged.key.dtype == merged.value.dtype == merged.values.dtype == torch.float32
     torch.testing.assert_close(merged.value, values[1].float() + values[2].float(), rtol=0, atol=0)
     torch.testing.assert_close(merged.key, (keys[1].float() + keys[2].float()) / 2, rtol=1e-6, atol=0)
 

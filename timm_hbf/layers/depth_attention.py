@@ -10,14 +10,15 @@ entries that the stem and the earlier sublayers wrote:
 
 Heads split the key and the value channels into contiguous groups. The queries do not depend on the input, so an
 entry's logits for every later read are known once it is written (AttnRes's two-phase computation). The memory
-(:class:`DepthMemory`) therefore holds, for each read still to come, the online-softmax sums of what it will read:
+(:class:`DepthMemory`) stacks the entries' values, and their logits for every read still to come; a read is one
+softmax over the stacked logits and one weighted sum of the stacked values: a fixed number of operations whatever the
+depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also under autocast.
 
-    m_l = max_i s_{l,i} (no gradient: the softmax does not depend on it)
-    Z_l = sum_i exp(s_{l,i} - m_l),   S_l = sum_i exp(s_{l,i} - m_l) v_i,   A_l = S_l / Z_l
-
-A write is one product (the entry's logits for all later reads) and three element-wise updates, a read one division:
-a fixed number of operations whatever the depth, in plain autograd, keeping for the backward pass no more than the
-entries themselves. Logits and sums are float32 (or wider) whatever the entries' dtype, also under autocast.
+In eager mode, a write puts the entry into the free room of the stack's storage (:func:`append_entry`), so that every
+read keeps its stack for the backward pass without a copy: ``O(L)`` memory for ``L`` entries, not ``O(L^2)``; in the
+backward pass, the reads of a stack add their gradients in place into the one its next write passes on. Compiled,
+exported and scripted, the stacks are concatenations (for compiled training, recomputed in the backward pass: see
+the model).
 
 Keys are stored as reads use them: unit L2 per head (``'l2'``, the report's key normalisation) or RMS-normalised per
 head (``'rms'``, AttnRes's keys, the values normalised); for the Gaussian kernel with ``||k_h||^2`` appended per head,
@@ -26,10 +27,11 @@ Gaussian logit up to ``-gamma_h ||q_h||^2``, which the softmax cancels.
 
 Block memory (Block AttnRes): the entries of ``n`` consecutive sublayers add up into one summary (values summed, a
 residual stream within the block; learned keys averaged, so that its logit is its members' mean logit; AttnRes's keys
-recomputed from the sum). A summary enters the sums when its block ends; a read inside a block merges the running
-summary into its own sums (the intra-block phase).
+recomputed from the sum). A summary is stored when its block ends; a read inside a block takes the running summary
+as one more entry (the intra-block phase).
 """
 import math
+import weakref
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -49,13 +51,12 @@ KEY_NORMS = ('', 'l2', 'rms')
 
 
 class DepthMemory(NamedTuple):
-    """The state of attention over depth between sublayers. ``R`` reads are still to come, the next one first; ``...``
-    is ``(B, N)``, or 1s where every entry so far is shared by the batch."""
+    """The state of attention over depth between sublayers: the stored entries, stacked, and the running summary of
+    an unfinished block. ``R`` reads are still to come, the next one first; ``...`` is ``(B, N)``."""
     queries: torch.Tensor  # (H, Dk', R) the reads' queries as :meth:`DepthAttention.memory_query` gives them
     keep: Optional[torch.Tensor]  # (R,) each read's path-dropout keep probability, None without path dropout
-    max: torch.Tensor  # (..., H, R) m_l, no gradient
-    norm: torch.Tensor  # (..., H, R) Z_l
-    acc: torch.Tensor  # (..., H, R, Dv) S_l
+    logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l to come
+    values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype
     key: torch.Tensor  # (..., H * Dk') the newest entry's stored key, in block memory the running summary's
     value: torch.Tensor  # (..., D) its value
 
@@ -68,7 +69,7 @@ def _depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool) -> torch.
     else:
         logits = torch.einsum('...hd,hdr->...hr', k, queries.to(dtype))
     if rms:  # RMS-normalised keys (the values): the norm applied to the product, no normalised copy kept
-        rstd = k.pow(2).mean(-1, keepdim=True).add_(1e-6).rsqrt()
+        rstd = k.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt()
         logits = logits * rstd
     return logits
 
@@ -85,22 +86,139 @@ def depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool = False) ->
 torch.fx.wrap('depth_logits')  # a leaf for torch.fx: it cannot take the autocast device from a traced tensor
 
 
-def _accumulate(
-        state: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+def _on(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape, stride) -> torch.Tensor:
+    """A tensor of ``like``'s dtype on ``storage``: the same memory as any other tensor there, but not a view of it,
+    so that writing one does not invalidate the other for autograd."""
+    return like.new_empty(0).set_(storage, offset, shape, stride)
+
+
+class _Append(torch.autograd.Function):
+    """``(cat([stack, entry[None]]), the new row)``, written into the free room of ``stack``'s storage (grown by
+    doubling when it has none). The rows ``stack`` covers are never written again, so every earlier stack keeps its
+    values and no read's stack is a copy.
+
+    The backward pass hands the gradient of ``stack`` (a slice of the new stack's) to the reads of ``stack`` as well
+    as to autograd: :class:`_WeightedSum` adds into it in place rather than returning a stack-sized gradient of its
+    own. A weak reference: the gradient lives no longer than the backward pass that made it."""
+
+    @staticmethod
+    def forward(ctx, stack, entry):
+        rows, shape, stride = stack.shape[0], (stack.shape[0] + 1,) + stack.shape[1:], stack.stride()
+        storage, offset = stack.untyped_storage(), stack.storage_offset()
+        end = offset + sum((size - 1) * step for size, step in zip(shape, stride))  # the new row's last element
+        if end >= storage.nbytes() // stack.element_size():
+            grown = stack.new_empty((2 * rows + 1,) + stack.shape[1:])
+            grown[:rows] = stack
+            storage, offset, stride = grown.untyped_storage(), 0, grown.stride()
+        out = _on(storage, stack, offset, shape, stride)
+        out[rows] = entry
+        ctx.rows, ctx.entry_shape, ctx.entry_dtype = rows, entry.shape, entry.dtype
+        ctx.below = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
+        ctx.pending = None
+        ctx.set_materialize_grads(False)
+        return out, _on(storage, stack, offset + rows * stride[0], shape[1:], stride[1:])
+
+    @staticmethod
+    def backward(ctx, grad, grad_row):
+        if grad is None:
+            return None, None if grad_row is None else grad_row.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype)
+        entry = grad[ctx.rows] if grad_row is None else grad[ctx.rows] + grad_row
+        rest = grad[:ctx.rows]
+        if ctx.below is not None and not torch.is_grad_enabled():
+            ctx.below.pending = weakref.ref(rest)
+        return rest, entry.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype)
+
+
+def append_entry(stack: torch.Tensor, entry: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and that row.
+    Compiled, exported and scripted, a plain concatenation."""
+    if not torch.jit.is_scripting():
+        if not torch.compiler.is_compiling():
+            return _Append.apply(stack, entry)
+    row = entry.to(stack.dtype).expand(stack.shape[1:])
+    return torch.cat([stack, row.unsqueeze(0)]), row
+
+
+def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capacity: int) -> List[torch.Tensor]:
+    """Empty stacks of logits ``(0, ..., H, R)`` and values ``(0, ..., D)`` for entries of ``value``'s shape, with room
+    for ``capacity`` entries."""
+    dtype = accumulation_dtype(queries)
+    logits = queries.new_empty([capacity] + list(value.shape[:-1]) + [num_heads, queries.shape[-1]], dtype=dtype)
+    values = value.new_empty([capacity] + list(value.shape), dtype=dtype)
+    return [logits[:0], values[:0]]
+
+
+# leaves for torch.fx, which can neither trace into an autograd Function nor build shapes from traced tensors
+torch.fx.wrap('append_entry')
+torch.fx.wrap('new_stacks')
+
+
+class _WeightedSum(torch.autograd.Function):
+    """``sum_i w_i v_i`` of ``weights (L, ..., H)`` and a stack of values ``(L, ..., H * Dv)``. The backward pass
+    adds ``w_i g`` in place into the stack's gradient where the next write has made it (:class:`_Append`), so that
+    the reads of a stack and its next write share one gradient of its size."""
+
+    @staticmethod
+    def forward(ctx, weights, stack):
+        values = stack.unflatten(-1, (weights.shape[-1], -1))
+        ctx.save_for_backward(weights, values)
+        ctx.creator = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
+        return (weights.unsqueeze(-1) * values).sum(0).flatten(-2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, values = ctx.saved_tensors
+        grad = grad.unflatten(-1, values.shape[-2:])
+        pending = None if ctx.creator is None or ctx.creator.pending is None else ctx.creator.pending()
+        grad_stack = None
+        if pending is not None and pending.is_contiguous() and not torch.is_grad_enabled():
+            pending.view(values.shape).addcmul_(weights.unsqueeze(-1), grad)
+        else:  # no next write, or one that autograd did not run (yet): a gradient of its own
+            grad_stack = (weights.unsqueeze(-1) * grad).flatten(-2)
+        return torch.einsum('...hd,l...hd->l...h', grad, values), grad_stack
+
+
+def _depth_read(
         logits: torch.Tensor,
-        value: torch.Tensor,
+        values: torch.Tensor,
+        own: Optional[Tuple[torch.Tensor, torch.Tensor]],
         keep: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(m, Z, S)`` with one more entry of logits ``(..., H, R)`` and value ``(..., H, 1, Dv)``. Path dropout
-    (``keep``) drops the entry from ``S`` only, as dropout on the softmax weights would."""
-    old_max, norm, acc = state
-    new_max = torch.maximum(old_max, logits.detach())
-    rescale = (old_max - new_max).exp()
-    weight = (logits - new_max).exp()
-    norm = torch.addcmul(weight, norm, rescale)
-    if keep is not None:
-        weight = weight * torch.bernoulli(keep.expand(weight.shape)) / keep
-    return new_max, norm, torch.addcmul(acc * rescale.unsqueeze(-1), weight.unsqueeze(-1), value)
+        num_heads: int,
+) -> torch.Tensor:
+    if own is not None:
+        logits = torch.cat([logits, own[0].expand_as(logits[0]).unsqueeze(0)])
+    weights = logits.softmax(0)
+    if keep is not None:  # dropout on the weights: the normaliser stays
+        weights = weights * torch.bernoulli(keep.expand_as(weights)) / keep
+    stored = weights if own is None else weights[:-1]
+    if not torch.jit.is_scripting() and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        out = _WeightedSum.apply(stored, values)
+    else:
+        out = (stored.unsqueeze(-1) * values.unflatten(-1, (num_heads, -1))).sum(0).flatten(-2)
+    if own is not None:
+        out = torch.addcmul(out.unflatten(-1, (num_heads, -1)), weights[-1].unsqueeze(-1),
+                            own[1].to(out.dtype).unflatten(-1, (num_heads, -1))).flatten(-2)
+    return out
+
+
+def depth_read(
+        logits: torch.Tensor,
+        values: torch.Tensor,
+        own: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        keep: Optional[torch.Tensor] = None,
+        num_heads: int = 1,
+) -> torch.Tensor:
+    """Eq. 1 over stored entries, in their dtype (float32 or wider), also under autocast: ``softmax_i`` of
+    ``logits (L, ..., H)`` weighing ``values (L, ..., H * Dv)`` -> ``(..., H * Dv)``. ``own``: the logits
+    ``(..., H)`` and value ``(..., H * Dv)`` of one more entry (a block's running summary); ``keep``: the keep
+    probability of dropout on the weights."""
+    if not torch.jit.is_scripting() and values.device.type != 'meta':
+        with torch.autocast(values.device.type, enabled=False):
+            return _depth_read(logits, values, own, keep, num_heads)
+    return _depth_read(logits, values, own, keep, num_heads)
+
+
+torch.fx.wrap('depth_read')  # a leaf for torch.fx: it cannot take the autocast device from a traced tensor
 
 
 class DepthAttention(nn.Module):
@@ -181,13 +299,17 @@ class DepthAttention(nn.Module):
             k = torch.cat([k, k.pow(2).sum(-1, keepdim=True)], dim=-1)
         return k.flatten(-2)
 
-    def start(self, queries: torch.Tensor, keep: Optional[torch.Tensor], value: torch.Tensor) -> DepthMemory:
+    def start(
+            self,
+            queries: torch.Tensor,
+            keep: Optional[torch.Tensor],
+            value: torch.Tensor,
+            capacity: int = 0,
+    ) -> DepthMemory:
         """An empty memory for the reads of ``queries`` (``keep``: their path-dropout keep probabilities), for
-        entries of ``value``'s rank."""
-        state = queries.new_zeros([1] * (value.dim() - 1) + [self.num_heads, queries.shape[-1]],
-                                  dtype=accumulation_dtype(queries))
-        return DepthMemory(queries, keep, state - math.inf, state, state.unsqueeze(-1), queries.new_zeros(0),
-                           value.new_zeros(0))
+        entries of ``value``'s shape, with room for ``capacity`` entries (it grows past them)."""
+        logits, values = new_stacks(queries, value, self.num_heads, capacity)
+        return DepthMemory(queries, keep, logits, values, queries.new_zeros(0), value.new_zeros(0))
 
     def write(
             self,
@@ -199,7 +321,8 @@ class DepthAttention(nn.Module):
     ) -> DepthMemory:
         """The memory with an entry written: ``key`` None takes the key from the value (AttnRes). Past the first
         place of a memory block (``position > 0``) the entry is merged into the block's running summary; ``commit``
-        adds the entry (the summary) to the sums of every later read, as at the end of a block."""
+        stores the entry (the summary) with its logits for every later read, as at the end of a block."""
+        from_value = key is None
         if key is not None:
             key = self.key(key)
         if position > 0:
@@ -209,30 +332,26 @@ class DepthAttention(nn.Module):
                 key = torch.lerp(memory.key.to(dtype), key.to(dtype), 1. / (position + 1))
         if key is None:
             key = self.key(value)
-        if not commit:
-            return DepthMemory(memory.queries, memory.keep, memory.max, memory.norm, memory.acc, key, value)
-        state = _accumulate((memory.max, memory.norm, memory.acc), depth_logits(key, memory.queries, self.rms_logits),
-                            value.unflatten(-1, (self.num_heads, 1, -1)), memory.keep if self.training else None)
-        return DepthMemory(memory.queries, memory.keep, state[0], state[1], state[2], key, value)
+        logits, values = memory.logits, memory.values
+        if commit:
+            values, row = append_entry(values, value)
+            if from_value and self.rms_logits:  # the key is the stored row: the entry is not kept for backward
+                key = row
+            logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits))
+        return DepthMemory(memory.queries, memory.keep, logits, values, key, value)
 
     def forward(self, memory: DepthMemory, merge: bool = False) -> Tuple[torch.Tensor, DepthMemory]:
-        """``A = S / Z`` of the next read (Eq. 1), ``(..., D)`` in the query's dtype, with the running summary of the
-        block merged in (``merge``); and the memory without that read."""
+        """The next read (Eq. 1) over the stored entries (and the running summary, with ``merge``: the intra-block
+        phase), ``(..., D)`` in the query's dtype; and the memory without that read."""
         queries, keep = memory.queries, memory.keep
-        rest = queries.shape[-1] - 1
-        (max_, max_rest), (norm, norm_rest), (acc, acc_rest) = (
-            memory.max.split([1, rest], -1), memory.norm.split([1, rest], -1), memory.acc.split([1, rest], -2))
-        state = (max_, norm, acc)
+        own: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         if merge:
-            drop = keep[:1] if keep is not None and self.training else None
-            state = _accumulate(state, depth_logits(memory.key, queries[..., :1], self.rms_logits),
-                                memory.value.unflatten(-1, (self.num_heads, 1, -1)), drop)
-            acc = state[2]
-        else:
-            acc = state[2].clone()  # the division keeps its input: a copy of this read's sum, not of every read's
-        out = (acc / state[1].unsqueeze(-1)).flatten(-3)
-        return out.to(queries.dtype), DepthMemory(queries[..., 1:], None if keep is None else keep[1:], max_rest,
-                                                  norm_rest, acc_rest, memory.key, memory.value)
+            own = (depth_logits(memory.key, queries[..., :1], self.rms_logits)[..., 0], memory.value)
+        drop = keep[:1] if keep is not None and self.training else None
+        out = depth_read(memory.logits[..., 0], memory.values, own, drop, self.num_heads)
+        rest = DepthMemory(queries[..., 1:], None if keep is None else keep[1:], memory.logits[..., 1:], memory.values,
+                           memory.key, memory.value)
+        return out.to(queries.dtype), rest
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, key_norm={self.key_norm!r}, path_drop={self.path_drop}'
@@ -248,6 +367,6 @@ def normalized_entropy(weights: torch.Tensor) -> torch.Tensor:
 
 def depth_weights(queries: torch.Tensor, keys: List[torch.Tensor], rms: bool = False) -> torch.Tensor:
     """Eq. 1's weights computed directly from stored ``keys`` for the queries ``(H, Dk', R)``: ``(..., H, R, L)``
-    (the reference for the memory's sums, and diagnostics)."""
+    (the reference for the memory's reads, and diagnostics)."""
     logits = [depth_logits(k, queries, rms) for k in keys]
     return torch.stack(torch.broadcast_tensors(*logits), -1).softmax(-1)

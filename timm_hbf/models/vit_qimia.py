@@ -37,6 +37,7 @@ from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .._checks import check_choice, check_count, check_divisor, check_vit_arguments, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, DepthMemory, PReLULinear, TokenBatchNorm
@@ -56,6 +57,13 @@ ATTENTION_POOLS = ('map', 'prr')
 torch.fx.wrap('check_one_mask')  # a leaf for torch.fx: a symbolic trace cannot branch on its arguments
 # depth-attention queries (decay would pull every read back to the uniform average) and Gaussian widths
 NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
+
+
+def _recompute_concatenations(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_RECOMPUTE if op == torch.ops.aten.cat.default else CheckpointPolicy.PREFER_SAVE
+
+
+_RECOMPUTE_STACKS = partial(create_selective_checkpoint_contexts, _recompute_concatenations)
 
 
 class QimiaBlock(nn.Module):
@@ -216,6 +224,7 @@ class VisionTransformerQimia(nn.Module):
     sublayer_values: Final[bool]
     path_dropout: Final[bool]
     out_merge: Final[bool]
+    sublayer_entries: Final[int]
 
     def __init__(
             self,
@@ -340,6 +349,7 @@ class VisionTransformerQimia(nn.Module):
             for i in range(depth)
         ])
         self.out_merge = (2 * depth) % memory_block_size > 0  # the output read merges an unfinished block
+        self.sublayer_entries = 2 * depth // memory_block_size  # the entries (summaries) the sublayers store
         self.path_dropout = drop_path_rate > 0
         self.depth_keep = [1. - b.read.path_drop for layer in self.blocks for b in (layer.attn, layer.mlp)
                            if b.reads] + [1.]  # each read's path-dropout keep probability, the output read's last
@@ -490,7 +500,8 @@ class VisionTransformerQimia(nn.Module):
         queries = self.depth_queries()
         if self.training and self.path_dropout:
             keep = torch.tensor(self.depth_keep, device=queries.device)
-        memory = self.read_out.start(queries, keep, entries[-1][1])
+        patch = entries[-1 if self.sublayer_values else -2][1]  # the one entry of every token and image
+        memory = self.read_out.start(queries, keep, patch, len(entries) + self.sublayer_entries)
         for key, value in entries:
             memory = self.read_out.write(memory, key, value)
         return memory
@@ -508,6 +519,22 @@ class VisionTransformerQimia(nn.Module):
         block-memory mode, the summary it was merged into). ``attn_mask`` and ``is_causal``: as timm's ViT takes
         them, for every token attention (not both at once)."""
         check_one_mask(attn_mask, is_causal)
+        if not torch.jit.is_scripting() and torch.compiler.is_compiling() and self.training \
+                and torch.is_grad_enabled() and not self.grad_checkpointing:
+            # compiled, the memory's stacks are concatenations, one per write: recomputed in the backward pass, not
+            # kept by every read (O(depth^2) memory)
+            return torch.utils.checkpoint.checkpoint(self._forward_layers, x, taken, last, attn_mask, is_causal,
+                                                     use_reentrant=False, context_fn=_RECOMPUTE_STACKS)
+        return self._forward_layers(x, taken, last, attn_mask, is_causal)
+
+    def _forward_layers(
+            self,
+            x: torch.Tensor,
+            taken: List[int],
+            last: int,
+            attn_mask: Optional[torch.Tensor],
+            is_causal: bool,
+    ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         memory = self.init_memory(x)
         intermediates: List[torch.Tensor] = []
         for i, layer in enumerate(self.blocks):
