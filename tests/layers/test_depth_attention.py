@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from timm_hbf.layers import DepthAttention, DepthMemory, depth_logits, depth_weights, normalized_entropy
+from timm_hbf.layers import DepthAttention, depth_logits, depth_weights, normalized_entropy
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, dtype=torch.float64, shared=False, seed=0):
@@ -225,8 +225,9 @@ def test_a_write_and_a_read_take_as_many_operations_whatever_the_number_of_entri
         state = read.start(queries, None, values[0])
         for key, value in zip(keys[:-1], values[:-1]):
             state = read.write(state, key, value)
-        # the sums so far as leaves: the backward pass counted is this write's and this read's alone
-        state = DepthMemory(state.queries, None, *(t.detach().requires_grad_(t.requires_grad) for t in state[2:]))
+        # the stacks so far as leaves: the backward pass counted is this write's and this read's alone
+        state = state._replace(**{name: getattr(state, name).detach().requires_grad_()
+                                  for name in ('logits', 'values', 'key', 'value')})
         with OpCount() as ops:
             state = read.write(state, keys[-1], values[-1], commit=not merge)
             out, _ = read(state, merge=merge)

@@ -17,8 +17,8 @@ depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also 
 In eager mode, a write puts the entry into the free room of the stack's storage (:func:`append_entry`), so that every
 read keeps its stack for the backward pass without a copy: ``O(L)`` memory for ``L`` entries, not ``O(L^2)``; in the
 backward pass, the reads of a stack add their gradients in place into the one its next write passes on. Compiled,
-exported and scripted, the stacks are concatenations (for compiled training, recomputed in the backward pass: see
-the model).
+exported and scripted, the values are a list, and a read sums one term per entry (one kernel once compiled), which
+keeps no copy of them either.
 
 Keys are stored as reads use them: unit L2 per head (``'l2'``, the report's key normalisation) or RMS-normalised per
 head (``'rms'``, AttnRes's keys, the values normalised); for the Gaussian kernel with ``||k_h||^2`` appended per head,
@@ -56,7 +56,8 @@ class DepthMemory(NamedTuple):
     queries: torch.Tensor  # (H, Dk', R) the reads' queries as :meth:`DepthAttention.memory_query` gives them
     keep: Optional[torch.Tensor]  # (R,) each read's path-dropout keep probability, None without path dropout
     logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l to come
-    values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype
+    values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype (eager mode)
+    entries: List[torch.Tensor]  # the stored values as a list, stacked by each read (compiled, exported, scripted)
     key: torch.Tensor  # (..., H * Dk') the newest entry's stored key, in block memory the running summary's
     value: torch.Tensor  # (..., D) its value
 
@@ -129,6 +130,13 @@ class _Append(torch.autograd.Function):
         return rest, entry.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype)
 
 
+def _eager() -> bool:
+    """Not compiling, exporting or scripting: the memory's stacks are written in place."""
+    if not torch.jit.is_scripting():
+        return not torch.compiler.is_compiling()
+    return False
+
+
 def append_entry(stack: torch.Tensor, entry: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and that row.
     Compiled, exported and scripted, a plain concatenation."""
@@ -181,6 +189,7 @@ class _WeightedSum(torch.autograd.Function):
 def _depth_read(
         logits: torch.Tensor,
         values: torch.Tensor,
+        entries: List[torch.Tensor],
         own: Optional[Tuple[torch.Tensor, torch.Tensor]],
         keep: Optional[torch.Tensor],
         num_heads: int,
@@ -191,7 +200,13 @@ def _depth_read(
     if keep is not None:  # dropout on the weights: the normaliser stays
         weights = weights * torch.bernoulli(keep.expand_as(weights)) / keep
     stored = weights if own is None else weights[:-1]
-    if not torch.jit.is_scripting() and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+    if len(entries) > 0:  # compiled, exported, scripted: a term per entry, which the backward pass keeps no copy of
+        out = stored.new_zeros(0)
+        for i, entry in enumerate(entries):
+            term = stored[i].unsqueeze(-1) * entry.to(stored.dtype).unflatten(-1, (num_heads, -1))
+            out = term if i == 0 else out + term
+        out = out.flatten(-2)
+    elif not torch.jit.is_scripting() and torch.is_grad_enabled():
         out = _WeightedSum.apply(stored, values)
     else:
         out = (stored.unsqueeze(-1) * values.unflatten(-1, (num_heads, -1))).sum(0).flatten(-2)
@@ -204,6 +219,7 @@ def _depth_read(
 def depth_read(
         logits: torch.Tensor,
         values: torch.Tensor,
+        entries: List[torch.Tensor],
         own: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         keep: Optional[torch.Tensor] = None,
         num_heads: int = 1,
@@ -214,8 +230,8 @@ def depth_read(
     probability of dropout on the weights."""
     if not torch.jit.is_scripting() and values.device.type != 'meta':
         with torch.autocast(values.device.type, enabled=False):
-            return _depth_read(logits, values, own, keep, num_heads)
-    return _depth_read(logits, values, own, keep, num_heads)
+            return _depth_read(logits, values, entries, own, keep, num_heads)
+    return _depth_read(logits, values, entries, own, keep, num_heads)
 
 
 torch.fx.wrap('depth_read')  # a leaf for torch.fx: it cannot take the autocast device from a traced tensor
@@ -309,7 +325,7 @@ class DepthAttention(nn.Module):
         """An empty memory for the reads of ``queries`` (``keep``: their path-dropout keep probabilities), for
         entries of ``value``'s shape, with room for ``capacity`` entries (it grows past them)."""
         logits, values = new_stacks(queries, value, self.num_heads, capacity)
-        return DepthMemory(queries, keep, logits, values, queries.new_zeros(0), value.new_zeros(0))
+        return DepthMemory(queries, keep, logits, values, [], queries.new_zeros(0), value.new_zeros(0))
 
     def write(
             self,
@@ -332,13 +348,16 @@ class DepthAttention(nn.Module):
                 key = torch.lerp(memory.key.to(dtype), key.to(dtype), 1. / (position + 1))
         if key is None:
             key = self.key(value)
-        logits, values = memory.logits, memory.values
+        logits, values, entries = memory.logits, memory.values, memory.entries
         if commit:
-            values, row = append_entry(values, value)
-            if from_value and self.rms_logits:  # the key is the stored row: the entry is not kept for backward
-                key = row
+            if _eager():
+                values, row = append_entry(values, value)
+                if from_value and self.rms_logits:  # the key is the stored row: the entry is not kept for backward
+                    key = row
+            else:
+                entries = entries + [value]
             logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits))
-        return DepthMemory(memory.queries, memory.keep, logits, values, key, value)
+        return DepthMemory(memory.queries, memory.keep, logits, values, entries, key, value)
 
     def forward(self, memory: DepthMemory, merge: bool = False) -> Tuple[torch.Tensor, DepthMemory]:
         """The next read (Eq. 1) over the stored entries (and the running summary, with ``merge``: the intra-block
@@ -348,9 +367,9 @@ class DepthAttention(nn.Module):
         if merge:
             own = (depth_logits(memory.key, queries[..., :1], self.rms_logits)[..., 0], memory.value)
         drop = keep[:1] if keep is not None and self.training else None
-        out = depth_read(memory.logits[..., 0], memory.values, own, drop, self.num_heads)
+        out = depth_read(memory.logits[..., 0], memory.values, memory.entries, own, drop, self.num_heads)
         rest = DepthMemory(queries[..., 1:], None if keep is None else keep[1:], memory.logits[..., 1:], memory.values,
-                           memory.key, memory.value)
+                           memory.entries, memory.key, memory.value)
         return out.to(queries.dtype), rest
 
     def extra_repr(self) -> str:

@@ -37,7 +37,6 @@ from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .._checks import check_choice, check_count, check_divisor, check_vit_arguments, fail
 from ..layers import DEPTH_KERNELS, DepthAttention, DepthMemory, PReLULinear, TokenBatchNorm
@@ -57,13 +56,6 @@ ATTENTION_POOLS = ('map', 'prr')
 torch.fx.wrap('check_one_mask')  # a leaf for torch.fx: a symbolic trace cannot branch on its arguments
 # depth-attention queries (decay would pull every read back to the uniform average) and Gaussian widths
 NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
-
-
-def _recompute_concatenations(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_RECOMPUTE if op == torch.ops.aten.cat.default else CheckpointPolicy.PREFER_SAVE
-
-
-_RECOMPUTE_STACKS = partial(create_selective_checkpoint_contexts, _recompute_concatenations)
 
 
 class QimiaBlock(nn.Module):
@@ -519,22 +511,6 @@ class VisionTransformerQimia(nn.Module):
         block-memory mode, the summary it was merged into). ``attn_mask`` and ``is_causal``: as timm's ViT takes
         them, for every token attention (not both at once)."""
         check_one_mask(attn_mask, is_causal)
-        if not torch.jit.is_scripting() and torch.compiler.is_compiling() and self.training \
-                and torch.is_grad_enabled() and not self.grad_checkpointing:
-            # compiled, the memory's stacks are concatenations, one per write: recomputed in the backward pass, not
-            # kept by every read (O(depth^2) memory)
-            return torch.utils.checkpoint.checkpoint(self._forward_layers, x, taken, last, attn_mask, is_causal,
-                                                     use_reentrant=False, context_fn=_RECOMPUTE_STACKS)
-        return self._forward_layers(x, taken, last, attn_mask, is_causal)
-
-    def _forward_layers(
-            self,
-            x: torch.Tensor,
-            taken: List[int],
-            last: int,
-            attn_mask: Optional[torch.Tensor],
-            is_causal: bool,
-    ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         memory = self.init_memory(x)
         intermediates: List[torch.Tensor] = []
         for i, layer in enumerate(self.blocks):
