@@ -17,8 +17,8 @@ depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also 
 In eager mode, a write puts the entry into the free room of the stack's storage (:func:`append_entry`), so that every
 read keeps its stack for the backward pass without a copy: ``O(L)`` memory for ``L`` entries, not ``O(L^2)``; in the
 backward pass, the reads of a stack add their gradients in place into the one its next write passes on. Compiled,
-exported and scripted, the values are a list, and a read sums one term per entry (one kernel once compiled), which
-keeps no copy of them either.
+exported and scripted, the entries and their logits are lists, and a read sums one term per entry (one kernel once
+compiled), which keeps no copy of them either.
 
 Keys are stored as reads use them: unit L2 per head (``'l2'``, the report's key normalisation) or RMS-normalised per
 head (``'rms'``, AttnRes's keys, the values normalised); for the Gaussian kernel with ``||k_h||^2`` appended per head,
@@ -57,7 +57,8 @@ class DepthMemory(NamedTuple):
     keep: Optional[torch.Tensor]  # (R,) each read's path-dropout keep probability, None without path dropout
     logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l to come
     values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype (eager mode)
-    entries: List[torch.Tensor]  # the stored values as a list, stacked by each read (compiled, exported, scripted)
+    entries: List[torch.Tensor]  # compiled, exported, scripted: the stored values, a list
+    entry_logits: List[torch.Tensor]  # and their logits for the reads to come, (..., H, R) each
     key: torch.Tensor  # (..., H * Dk') the newest entry's stored key, in block memory the running summary's
     value: torch.Tensor  # (..., D) its value
 
@@ -325,7 +326,7 @@ class DepthAttention(nn.Module):
         """An empty memory for the reads of ``queries`` (``keep``: their path-dropout keep probabilities), for
         entries of ``value``'s shape, with room for ``capacity`` entries (it grows past them)."""
         logits, values = new_stacks(queries, value, self.num_heads, capacity)
-        return DepthMemory(queries, keep, logits, values, [], queries.new_zeros(0), value.new_zeros(0))
+        return DepthMemory(queries, keep, logits, values, [], [], queries.new_zeros(0), value.new_zeros(0))
 
     def write(
             self,
@@ -348,16 +349,16 @@ class DepthAttention(nn.Module):
                 key = torch.lerp(memory.key.to(dtype), key.to(dtype), 1. / (position + 1))
         if key is None:
             key = self.key(value)
-        logits, values, entries = memory.logits, memory.values, memory.entries
-        if commit:
-            if _eager():
-                values, row = append_entry(values, value)
-                if from_value and self.rms_logits:  # the key is the stored row: the entry is not kept for backward
-                    key = row
-            else:
-                entries = entries + [value]
+        logits, values, entries, entry_logits = memory.logits, memory.values, memory.entries, memory.entry_logits
+        if commit and _eager():
+            values, row = append_entry(values, value)
+            if from_value and self.rms_logits:  # the key is the stored row: the entry is not kept for backward
+                key = row
             logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits))
-        return DepthMemory(memory.queries, memory.keep, logits, values, entries, key, value)
+        elif commit:
+            entries = entries + [value]
+            entry_logits = entry_logits + [depth_logits(key, memory.queries, self.rms_logits)]
+        return DepthMemory(memory.queries, memory.keep, logits, values, entries, entry_logits, key, value)
 
     def forward(self, memory: DepthMemory, merge: bool = False) -> Tuple[torch.Tensor, DepthMemory]:
         """The next read (Eq. 1) over the stored entries (and the running summary, with ``merge``: the intra-block
@@ -367,9 +368,13 @@ class DepthAttention(nn.Module):
         if merge:
             own = (depth_logits(memory.key, queries[..., :1], self.rms_logits)[..., 0], memory.value)
         drop = keep[:1] if keep is not None and self.training else None
-        out = depth_read(memory.logits[..., 0], memory.values, memory.entries, own, drop, self.num_heads)
+        logits, entry_logits = memory.logits[..., 0], memory.entry_logits
+        if len(entry_logits) > 0:  # this read's column of every entry's logits, and the rest for the later reads
+            logits = torch.stack([entry[..., 0].expand(memory.logits.shape[1:-1]) for entry in entry_logits])
+            entry_logits = [entry[..., 1:] for entry in entry_logits]
+        out = depth_read(logits, memory.values, memory.entries, own, drop, self.num_heads)
         rest = DepthMemory(queries[..., 1:], None if keep is None else keep[1:], memory.logits[..., 1:], memory.values,
-                           memory.entries, memory.key, memory.value)
+                           memory.entries, entry_logits, memory.key, memory.value)
         return out.to(queries.dtype), rest
 
     def extra_repr(self) -> str:
