@@ -139,8 +139,8 @@ def _eager() -> bool:
 
 
 def append_entry(stack: torch.Tensor, entry: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and that row.
-    Compiled, exported and scripted, a plain concatenation."""
+    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and that row
+    (compiled, exported and scripted, where the memory keeps lists instead, a plain concatenation)."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
             return _Append.apply(stack, entry)
