@@ -10,7 +10,7 @@ entries that the stem and the earlier sublayers wrote:
 
 Heads split the key and the value channels into contiguous groups. The queries do not depend on the input, so an
 entry's logits for every later read are known once it is written (AttnRes's two-phase computation). The memory
-(:class:`DepthMemory`) stacks the entries' values, and their logits for every read still to come; a read is one
+(:class:`DepthMemory`) stacks the entries' values, and their logits for every read; a read is one
 softmax over the stacked logits and one weighted sum of the stacked values: a fixed number of operations whatever the
 depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also under autocast.
 
@@ -52,13 +52,15 @@ KEY_NORMS = ('', 'l2', 'rms')
 
 class DepthMemory(NamedTuple):
     """The state of attention over depth between sublayers: the stored entries, stacked, and the running summary of
-    an unfinished block. ``R`` reads are still to come, the next one first; ``...`` is ``(B, N)``."""
+    an unfinished block, for ``R`` reads in order, ``reads`` of them done; ``...`` is ``(B, N)``."""
     queries: torch.Tensor  # (H, Dk', R) the reads' queries as :meth:`DepthAttention.memory_query` gives them
     keep: Optional[torch.Tensor]  # (R,) each read's path-dropout keep probability, None without path dropout
-    logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l to come
+    reads: int  # the reads done: the next one's index into queries, keep and the logits' last dim
+    logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l
     values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype (eager mode)
+    scratch: torch.Tensor  # (C, ..., D) room for a read's products over the entries, reused by every read (eager)
     entries: List[torch.Tensor]  # compiled, exported, scripted: the stored values, a list
-    entry_logits: List[torch.Tensor]  # and their logits for the reads to come, (..., H, R) each
+    entry_logits: List[torch.Tensor]  # and their logits for every read, (..., H, R) each
     key: torch.Tensor  # (..., H * Dk') the newest entry's stored key, in block memory the running summary's
     value: torch.Tensor  # (..., D) its value
 
@@ -86,6 +88,13 @@ def depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool = False) ->
 
 
 torch.fx.wrap('depth_logits')  # a leaf for torch.fx: it cannot take the autocast device from a traced tensor
+
+
+def _contiguous_strides(shape: List[int]) -> List[int]:
+    strides = [1]
+    for size in shape[:0:-1]:
+        strides.insert(0, strides[0] * size)
+    return strides
 
 
 def _on(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape, stride) -> torch.Tensor:
@@ -150,11 +159,24 @@ def append_entry(stack: torch.Tensor, entry: torch.Tensor) -> Tuple[torch.Tensor
 
 def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capacity: int) -> List[torch.Tensor]:
     """Empty stacks of logits ``(0, ..., H, R)`` and values ``(0, ..., D)`` for entries of ``value``'s shape, with room
-    for ``capacity`` entries."""
+    for ``capacity`` entries, and the reads' scratch room for as many."""
     dtype = accumulation_dtype(queries)
     logits = queries.new_empty([capacity] + list(value.shape[:-1]) + [num_heads, queries.shape[-1]], dtype=dtype)
     values = value.new_empty([capacity] + list(value.shape), dtype=dtype)
-    return [logits[:0], values[:0]]
+    return [logits[:0], values[:0], torch.empty_like(values)]
+
+
+def _products(values: torch.Tensor, other: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """``values * other`` (``other`` broadcast to the stack ``values (L, ...)``), written into the first ``L`` rows of
+    ``scratch`` where it has them: no stack-sized tensor is allocated per read. Written through an alias
+    (:func:`_on`), so that ``scratch`` itself never changes for autograd: it passes through gradient checkpointing
+    as an input of every layer."""
+    if not torch.jit.is_scripting():
+        if scratch.shape[0] >= values.shape[0] and scratch[0].numel() == values[0].numel():
+            room = _on(scratch.untyped_storage(), scratch, scratch.storage_offset(), values.shape,
+                       _contiguous_strides(values.shape))
+            return torch.mul(values, other, out=room)
+    return values * other
 
 
 # leaves for torch.fx, which can neither trace into an autograd Function nor build shapes from traced tensors
@@ -168,11 +190,12 @@ class _WeightedSum(torch.autograd.Function):
     the reads of a stack and its next write share one gradient of its size."""
 
     @staticmethod
-    def forward(ctx, weights, stack):
+    def forward(ctx, weights, stack, scratch):
         values = stack.unflatten(-1, (weights.shape[-1], -1))
         ctx.save_for_backward(weights, values)
+        ctx.scratch = scratch  # not saved: every read writes it
         ctx.creator = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
-        return (weights.unsqueeze(-1) * values).sum(0).flatten(-2)
+        return _products(values, weights.unsqueeze(-1), scratch).sum(0).flatten(-2)
 
     @staticmethod
     def backward(ctx, grad):
@@ -184,12 +207,46 @@ class _WeightedSum(torch.autograd.Function):
             pending.view(values.shape).addcmul_(weights.unsqueeze(-1), grad)
         else:  # no next write, or one that autograd did not run (yet): a gradient of its own
             grad_stack = (weights.unsqueeze(-1) * grad).flatten(-2)
-        return torch.einsum('...hd,l...hd->l...h', grad, values), grad_stack
+        return _products(values, grad, ctx.scratch).sum(-1), grad_stack, None
+
+
+class _Column(torch.autograd.Function):
+    """Column ``index`` of a stack of logits ``(L, ..., R)``. The backward pass adds its gradient into that column of
+    the stack's gradient where the next write has made it (as :class:`_WeightedSum` does), so that no read allocates
+    a gradient of the stack's size."""
+
+    @staticmethod
+    def forward(ctx, stack, index: int):
+        ctx.index, ctx.shape = index, stack.shape
+        ctx.creator = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
+        return stack.select(-1, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pending = None if ctx.creator is None or ctx.creator.pending is None else ctx.creator.pending()
+        if pending is not None and not torch.is_grad_enabled():
+            pending.select(-1, ctx.index).add_(grad)
+            return None, None
+        out = grad.new_zeros(ctx.shape)  # no next write, or one that autograd did not run (yet)
+        out.select(-1, ctx.index).copy_(grad)
+        return out, None
+
+
+def logits_column(stack: torch.Tensor, index: int) -> torch.Tensor:
+    """Column ``index`` of the logits ``stack (L, ..., R)``: one read's logits over the stored entries."""
+    if not torch.jit.is_scripting():
+        if not torch.compiler.is_compiling():
+            return _Column.apply(stack, index)
+    return stack.select(-1, index)
+
+
+torch.fx.wrap('logits_column')  # a leaf for torch.fx, which cannot trace into an autograd Function
 
 
 def _depth_read(
         logits: torch.Tensor,
         values: torch.Tensor,
+        scratch: torch.Tensor,
         entries: List[torch.Tensor],
         own: Optional[Tuple[torch.Tensor, torch.Tensor]],
         keep: Optional[torch.Tensor],
@@ -208,9 +265,9 @@ def _depth_read(
             out = term if i == 0 else out + term
         out = out.flatten(-2)
     elif not torch.jit.is_scripting() and torch.is_grad_enabled():
-        out = _WeightedSum.apply(stored, values)
+        out = _WeightedSum.apply(stored, values, scratch)
     else:
-        out = (stored.unsqueeze(-1) * values.unflatten(-1, (num_heads, -1))).sum(0).flatten(-2)
+        out = _products(values.unflatten(-1, (num_heads, -1)), stored.unsqueeze(-1), scratch).sum(0).flatten(-2)
     if own is not None:
         out = torch.addcmul(out.unflatten(-1, (num_heads, -1)), weights[-1].unsqueeze(-1),
                             own[1].to(out.dtype).unflatten(-1, (num_heads, -1))).flatten(-2)
@@ -224,15 +281,18 @@ def depth_read(
         own: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         keep: Optional[torch.Tensor] = None,
         num_heads: int = 1,
+        scratch: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Eq. 1 over stored entries, in their dtype (float32 or wider), also under autocast: ``softmax_i`` of
     ``logits (L, ..., H)`` weighing ``values (L, ..., H * Dv)`` -> ``(..., H * Dv)``. ``own``: the logits
     ``(..., H)`` and value ``(..., H * Dv)`` of one more entry (a block's running summary); ``keep``: the keep
-    probability of dropout on the weights."""
+    probability of dropout on the weights; ``scratch``: room ``(C, ..., H * Dv)`` for the products of up to ``C``
+    entries (:class:`DepthMemory`)."""
+    room = values.new_empty(0) if scratch is None else scratch
     if not torch.jit.is_scripting() and values.device.type != 'meta':
         with torch.autocast(values.device.type, enabled=False):
-            return _depth_read(logits, values, entries, own, keep, num_heads)
-    return _depth_read(logits, values, entries, own, keep, num_heads)
+            return _depth_read(logits, values, room, entries, own, keep, num_heads)
+    return _depth_read(logits, values, room, entries, own, keep, num_heads)
 
 
 torch.fx.wrap('depth_read')  # a leaf for torch.fx: it cannot take the autocast device from a traced tensor
@@ -325,8 +385,8 @@ class DepthAttention(nn.Module):
     ) -> DepthMemory:
         """An empty memory for the reads of ``queries`` (``keep``: their path-dropout keep probabilities), for
         entries of ``value``'s shape, with room for ``capacity`` entries (it grows past them)."""
-        logits, values = new_stacks(queries, value, self.num_heads, capacity)
-        return DepthMemory(queries, keep, logits, values, [], [], queries.new_zeros(0), value.new_zeros(0))
+        logits, values, scratch = new_stacks(queries, value, self.num_heads, capacity)
+        return DepthMemory(queries, keep, 0, logits, values, scratch, [], [], queries.new_zeros(0), value.new_zeros(0))
 
     def write(
             self,
@@ -358,23 +418,25 @@ class DepthAttention(nn.Module):
         elif commit:
             entries = entries + [value]
             entry_logits = entry_logits + [depth_logits(key, memory.queries, self.rms_logits)]
-        return DepthMemory(memory.queries, memory.keep, logits, values, entries, entry_logits, key, value)
+        return DepthMemory(memory.queries, memory.keep, memory.reads, logits, values, memory.scratch, entries,
+                           entry_logits, key, value)
 
     def forward(self, memory: DepthMemory, merge: bool = False) -> Tuple[torch.Tensor, DepthMemory]:
         """The next read (Eq. 1) over the stored entries (and the running summary, with ``merge``: the intra-block
         phase), ``(..., D)`` in the query's dtype; and the memory without that read."""
-        queries, keep = memory.queries, memory.keep
+        queries, keep, index = memory.queries, memory.keep, memory.reads
         own: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         if merge:
-            own = (depth_logits(memory.key, queries[..., :1], self.rms_logits)[..., 0], memory.value)
-        drop = keep[:1] if keep is not None and self.training else None
-        logits, entry_logits = memory.logits[..., 0], memory.entry_logits
-        if len(entry_logits) > 0:  # this read's column of every entry's logits, and the rest for the later reads
-            logits = torch.stack([entry[..., 0].expand(memory.logits.shape[1:-1]) for entry in entry_logits])
-            entry_logits = [entry[..., 1:] for entry in entry_logits]
-        out = depth_read(logits, memory.values, memory.entries, own, drop, self.num_heads)
-        rest = DepthMemory(queries[..., 1:], None if keep is None else keep[1:], memory.logits[..., 1:], memory.values,
-                           memory.entries, entry_logits, memory.key, memory.value)
+            own = (depth_logits(memory.key, queries[..., index:index + 1], self.rms_logits)[..., 0], memory.value)
+        drop = keep[index:index + 1] if keep is not None and self.training else None
+        if len(memory.entry_logits) > 0:  # compiled, exported, scripted: this read's column of every entry's logits
+            logits = torch.stack([entry[..., index].expand(memory.logits.shape[1:-1])
+                                  for entry in memory.entry_logits])
+        else:
+            logits = logits_column(memory.logits, index)
+        out = depth_read(logits, memory.values, memory.entries, own, drop, self.num_heads, memory.scratch)
+        rest = DepthMemory(queries, keep, index + 1, memory.logits, memory.values, memory.scratch, memory.entries,
+                           memory.entry_logits, memory.key, memory.value)
         return out.to(queries.dtype), rest
 
     def extra_repr(self) -> str:
