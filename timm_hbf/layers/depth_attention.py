@@ -10,7 +10,7 @@ entries that the stem and the earlier sublayers wrote:
 
 Heads split the key and the value channels into contiguous groups. The queries do not depend on the input, so an
 entry's logits for every later read are known once it is written (AttnRes's two-phase computation). The memory
-(:class:`DepthMemory`) stacks the entries' values, and their logits for every read; a read is one
+(:class:`DepthMemory`) stacks the entries' values, and their logits for every read still to come; a read is one
 softmax over the stacked logits and one weighted sum of the stacked values: a fixed number of operations whatever the
 depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also under autocast.
 
@@ -52,15 +52,14 @@ KEY_NORMS = ('', 'l2', 'rms')
 
 class DepthMemory(NamedTuple):
     """The state of attention over depth between sublayers: the stored entries, stacked, and the running summary of
-    an unfinished block, for ``R`` reads in order, ``reads`` of them done; ``...`` is ``(B, N)``."""
+    an unfinished block. ``R`` reads are still to come, the next one first; ``...`` is ``(B, N)``."""
     queries: torch.Tensor  # (H, Dk', R) the reads' queries as :meth:`DepthAttention.memory_query` gives them
     keep: Optional[torch.Tensor]  # (R,) each read's path-dropout keep probability, None without path dropout
-    reads: int  # the reads done: the next one's index into queries, keep and the logits' last dim
-    logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l
+    logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l to come
     values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype (eager mode)
-    scratch: torch.Tensor  # (C, ..., D) room for a read's products over the entries, reused by every read (eager)
+    scratch: torch.Tensor  # (C, ..., D) room for a read's products over C entries at a time (eager mode)
     entries: List[torch.Tensor]  # compiled, exported, scripted: the stored values, a list
-    entry_logits: List[torch.Tensor]  # and their logits for every read, (..., H, R) each
+    entry_logits: List[torch.Tensor]  # and their logits for the reads to come, (..., H, R) each
     key: torch.Tensor  # (..., H * Dk') the newest entry's stored key, in block memory the running summary's
     value: torch.Tensor  # (..., D) its value
 
@@ -90,7 +89,8 @@ def depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool = False) ->
 torch.fx.wrap('depth_logits')  # a leaf for torch.fx: it cannot take the autocast device from a traced tensor
 
 
-def _contiguous_strides(shape: List[int]) -> List[int]:
+def _contiguous(shape: List[int]) -> List[int]:
+    """The strides of a contiguous tensor of ``shape``."""
     strides = [1]
     for size in shape[:0:-1]:
         strides.insert(0, strides[0] * size)
@@ -159,24 +159,31 @@ def append_entry(stack: torch.Tensor, entry: torch.Tensor) -> Tuple[torch.Tensor
 
 def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capacity: int) -> List[torch.Tensor]:
     """Empty stacks of logits ``(0, ..., H, R)`` and values ``(0, ..., D)`` for entries of ``value``'s shape, with room
-    for ``capacity`` entries, and the reads' scratch room for as many."""
+    for ``capacity`` entries, and scratch room for the products of reads over half as many at a time."""
     dtype = accumulation_dtype(queries)
     logits = queries.new_empty([capacity] + list(value.shape[:-1]) + [num_heads, queries.shape[-1]], dtype=dtype)
     values = value.new_empty([capacity] + list(value.shape), dtype=dtype)
-    return [logits[:0], values[:0], torch.empty_like(values)]
+    scratch = value.new_empty([(capacity + 1) // 2] + list(value.shape), dtype=dtype)
+    return [logits[:0], values[:0], scratch]
 
 
-def _products(values: torch.Tensor, other: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """``values * other`` (``other`` broadcast to the stack ``values (L, ...)``), written into the first ``L`` rows of
-    ``scratch`` where it has them: no stack-sized tensor is allocated per read. Written through an alias
-    (:func:`_on`), so that ``scratch`` itself never changes for autograd: it passes through gradient checkpointing
-    as an input of every layer."""
+def _weighted_sum(weights: torch.Tensor, values: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_i v_i`` of ``weights (L, ..., H, 1)`` and ``values (L, ..., H, Dv)`` -> ``(..., H, Dv)``, the products
+    of ``C`` entries at a time written into ``scratch (C, ...)``: no product of the stack's size is allocated per
+    read. Written through an alias (:func:`_on`), so that ``scratch`` itself never changes for autograd (it passes
+    through gradient checkpointing as an input of every layer)."""
+    rows = scratch.shape[0]
     if not torch.jit.is_scripting():
-        if scratch.shape[0] >= values.shape[0] and scratch[0].numel() == values[0].numel():
-            room = _on(scratch.untyped_storage(), scratch, scratch.storage_offset(), values.shape,
-                       _contiguous_strides(values.shape))
-            return torch.mul(values, other, out=room)
-    return values * other
+        if rows > 0 and values.shape[0] > 0 and scratch[0].numel() == values[0].numel():
+            out = None
+            for start in range(0, values.shape[0], rows):
+                part = values[start:start + rows]
+                room = _on(scratch.untyped_storage(), scratch, scratch.storage_offset(), part.shape,
+                           _contiguous(part.shape))
+                term = torch.mul(part, weights[start:start + rows], out=room).sum(0)
+                out = term if out is None else out.add_(term)
+            return out
+    return (weights * values).sum(0)
 
 
 # leaves for torch.fx, which can neither trace into an autograd Function nor build shapes from traced tensors
@@ -193,9 +200,8 @@ class _WeightedSum(torch.autograd.Function):
     def forward(ctx, weights, stack, scratch):
         values = stack.unflatten(-1, (weights.shape[-1], -1))
         ctx.save_for_backward(weights, values)
-        ctx.scratch = scratch  # not saved: every read writes it
         ctx.creator = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
-        return _products(values, weights.unsqueeze(-1), scratch).sum(0).flatten(-2)
+        return _weighted_sum(weights.unsqueeze(-1), values, scratch).flatten(-2)
 
     @staticmethod
     def backward(ctx, grad):
@@ -207,40 +213,47 @@ class _WeightedSum(torch.autograd.Function):
             pending.view(values.shape).addcmul_(weights.unsqueeze(-1), grad)
         else:  # no next write, or one that autograd did not run (yet): a gradient of its own
             grad_stack = (weights.unsqueeze(-1) * grad).flatten(-2)
-        return _products(values, grad, ctx.scratch).sum(-1), grad_stack, None
+        return torch.einsum('...hd,l...hd->l...h', grad, values), grad_stack, None
 
 
-class _Column(torch.autograd.Function):
-    """Column ``index`` of a stack of logits ``(L, ..., R)``. The backward pass adds its gradient into that column of
-    the stack's gradient where the next write has made it (as :class:`_WeightedSum` does), so that no read allocates
-    a gradient of the stack's size."""
-
-    @staticmethod
-    def forward(ctx, stack, index: int):
-        ctx.index, ctx.shape = index, stack.shape
-        ctx.creator = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
-        return stack.select(-1, index)
+class _FirstColumn(torch.autograd.Function):
+    """``(stack[..., 0], stack[..., 1:])`` of a stack of logits ``(L, ..., R)``: the next read's logits, and the stack
+    for the reads after it, on the same storage but not a view of it (:func:`_on`), so that the next write appends to
+    it in place. The backward pass writes both gradients into one new tensor, where autograd's select and slice
+    would each fill a tensor of the stack's size with zeros, and add the two."""
 
     @staticmethod
-    def backward(ctx, grad):
-        pending = None if ctx.creator is None or ctx.creator.pending is None else ctx.creator.pending()
-        if pending is not None and not torch.is_grad_enabled():
-            pending.select(-1, ctx.index).add_(grad)
-            return None, None
-        out = grad.new_zeros(ctx.shape)  # no next write, or one that autograd did not run (yet)
-        out.select(-1, ctx.index).copy_(grad)
-        return out, None
+    def forward(ctx, stack):
+        ctx.set_materialize_grads(False)
+        ctx.shape = stack.shape
+        shape = stack.shape[:-1] + (stack.shape[-1] - 1,)
+        rest = _on(stack.untyped_storage(), stack, stack.storage_offset() + stack.stride(-1), shape, stack.stride())
+        return stack.select(-1, 0), rest
+
+    @staticmethod
+    def backward(ctx, grad, grad_rest):
+        like = grad if grad is not None else grad_rest
+        if like is None:
+            return None
+        out = like.new_empty(ctx.shape)
+        for part, given in ((out[..., 0], grad), (out[..., 1:], grad_rest)):
+            if given is None:
+                part.zero_()
+            else:
+                part.copy_(given)
+        return out
 
 
-def logits_column(stack: torch.Tensor, index: int) -> torch.Tensor:
-    """Column ``index`` of the logits ``stack (L, ..., R)``: one read's logits over the stored entries."""
+def first_column(stack: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(stack[..., 0], stack[..., 1:])`` of the logits ``stack (L, ..., R)``: the next read's logits over the stored
+    entries, and the stack of the reads after it."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
-            return _Column.apply(stack, index)
-    return stack.select(-1, index)
+            return _FirstColumn.apply(stack)
+    return stack[..., 0], stack[..., 1:]
 
 
-torch.fx.wrap('logits_column')  # a leaf for torch.fx, which cannot trace into an autograd Function
+torch.fx.wrap('first_column')  # a leaf for torch.fx, which cannot trace into an autograd Function
 
 
 def _depth_read(
@@ -267,7 +280,7 @@ def _depth_read(
     elif not torch.jit.is_scripting() and torch.is_grad_enabled():
         out = _WeightedSum.apply(stored, values, scratch)
     else:
-        out = _products(values.unflatten(-1, (num_heads, -1)), stored.unsqueeze(-1), scratch).sum(0).flatten(-2)
+        out = _weighted_sum(stored.unsqueeze(-1), values.unflatten(-1, (num_heads, -1)), scratch).flatten(-2)
     if own is not None:
         out = torch.addcmul(out.unflatten(-1, (num_heads, -1)), weights[-1].unsqueeze(-1),
                             own[1].to(out.dtype).unflatten(-1, (num_heads, -1))).flatten(-2)
@@ -386,7 +399,7 @@ class DepthAttention(nn.Module):
         """An empty memory for the reads of ``queries`` (``keep``: their path-dropout keep probabilities), for
         entries of ``value``'s shape, with room for ``capacity`` entries (it grows past them)."""
         logits, values, scratch = new_stacks(queries, value, self.num_heads, capacity)
-        return DepthMemory(queries, keep, 0, logits, values, scratch, [], [], queries.new_zeros(0), value.new_zeros(0))
+        return DepthMemory(queries, keep, logits, values, scratch, [], [], queries.new_zeros(0), value.new_zeros(0))
 
     def write(
             self,
@@ -418,25 +431,25 @@ class DepthAttention(nn.Module):
         elif commit:
             entries = entries + [value]
             entry_logits = entry_logits + [depth_logits(key, memory.queries, self.rms_logits)]
-        return DepthMemory(memory.queries, memory.keep, memory.reads, logits, values, memory.scratch, entries,
-                           entry_logits, key, value)
+        return DepthMemory(memory.queries, memory.keep, logits, values, memory.scratch, entries, entry_logits, key,
+                           value)
 
     def forward(self, memory: DepthMemory, merge: bool = False) -> Tuple[torch.Tensor, DepthMemory]:
         """The next read (Eq. 1) over the stored entries (and the running summary, with ``merge``: the intra-block
         phase), ``(..., D)`` in the query's dtype; and the memory without that read."""
-        queries, keep, index = memory.queries, memory.keep, memory.reads
+        queries, keep = memory.queries, memory.keep
         own: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         if merge:
-            own = (depth_logits(memory.key, queries[..., index:index + 1], self.rms_logits)[..., 0], memory.value)
-        drop = keep[index:index + 1] if keep is not None and self.training else None
-        if len(memory.entry_logits) > 0:  # compiled, exported, scripted: this read's column of every entry's logits
-            logits = torch.stack([entry[..., index].expand(memory.logits.shape[1:-1])
-                                  for entry in memory.entry_logits])
-        else:
-            logits = logits_column(memory.logits, index)
+            own = (depth_logits(memory.key, queries[..., :1], self.rms_logits)[..., 0], memory.value)
+        drop = keep[:1] if keep is not None and self.training else None
+        logits, rest_logits = first_column(memory.logits)
+        entry_logits = memory.entry_logits
+        if len(entry_logits) > 0:  # this read's column of every entry's logits, and the rest for the later reads
+            logits = torch.stack([entry[..., 0].expand(memory.logits.shape[1:-1]) for entry in entry_logits])
+            entry_logits = [entry[..., 1:] for entry in entry_logits]
         out = depth_read(logits, memory.values, memory.entries, own, drop, self.num_heads, memory.scratch)
-        rest = DepthMemory(queries, keep, index + 1, memory.logits, memory.values, memory.scratch, memory.entries,
-                           memory.entry_logits, memory.key, memory.value)
+        rest = DepthMemory(queries[..., 1:], None if keep is None else keep[1:], rest_logits, memory.values,
+                           memory.scratch, memory.entries, entry_logits, memory.key, memory.value)
         return out.to(queries.dtype), rest
 
     def extra_repr(self) -> str:
