@@ -168,19 +168,19 @@ def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capac
 
 
 def _weighted_sum(weights: torch.Tensor, values: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """``sum_i w_i v_i`` of ``weights (L, ..., H, 1)`` and ``values (L, ..., H, Dv)`` -> ``(..., H, Dv)``, the products
-    of ``C`` entries at a time written into ``scratch (C, ...)``: no product of the stack's size is allocated per
-    read. Written through an alias (:func:`_on`), so that ``scratch`` itself never changes for autograd (it passes
+    """``sum_i w_i v_i`` of ``weights (L, ..., H, 1)`` and ``values (L, ..., H, Dv)`` -> ``(..., H, Dv)``, summed in two
+    halves whose products go into ``scratch (C, ...)`` (``L <= 2 C``): no product of the stack's size is allocated
+    per read. Written through an alias (:func:`_on`), so that ``scratch`` itself never changes for autograd (it passes
     through gradient checkpointing as an input of every layer)."""
-    rows = scratch.shape[0]
+    num = values.shape[0]
     if not torch.jit.is_scripting():
-        if rows > 0 and values.shape[0] > 0 and scratch[0].numel() == values[0].numel():
+        if 0 < num <= 2 * scratch.shape[0] and scratch[0].numel() == values[0].numel():
+            half = (num + 1) // 2
             out = None
-            for start in range(0, values.shape[0], rows):
-                part = values[start:start + rows]
+            for part, w in ((values[:half], weights[:half]), (values[half:], weights[half:])):
                 room = _on(scratch.untyped_storage(), scratch, scratch.storage_offset(), part.shape,
                            _contiguous(part.shape))
-                term = torch.mul(part, weights[start:start + rows], out=room).sum(0)
+                term = torch.mul(part, w, out=room).sum(0)
                 out = term if out is None else out.add_(term)
             return out
     return (weights * values).sum(0)
