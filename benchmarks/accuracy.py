@@ -127,7 +127,7 @@ def train_command(args, model: str, seed: int, data: Path, experiment: str) -> L
     name, variant = model_spec(model)
     own = ['--model-kwargs', *(f'{k}={v}' for k, v in {**given_model_kwargs(args), **variant}.items())] \
         if variant else []
-    return [sys.executable, '-m', 'timm_hbf.run', str(Path(args.scripts) / 'train.py'), '-c', str(args.recipe),
+    return [sys.executable, str(Path(args.scripts) / 'train.py'), '-c', str(args.recipe),
             '--model', name, '--seed', str(seed), '--data-dir', str(data), '--train-split', 'train',
             '--val-split', 'val', '--output', str(Path(args.out) / 'runs'), '--experiment', experiment,
             *args.train_args, *own]
@@ -143,7 +143,7 @@ def test_command(args, run_dir: Path, data: Path, trained: Dict, checkpoint: Pat
         options += ['--model-kwargs', *(f'{k}={v}' for k, v in trained['model_kwargs'].items())]
     if trained.get('model_ema'):
         options.append('--use-ema')
-    return [sys.executable, '-m', 'timm_hbf.run', str(Path(args.scripts) / 'validate.py'), '--data-dir', str(data),
+    return [sys.executable, str(Path(args.scripts) / 'validate.py'), '--data-dir', str(data),
             '--split', 'test', '--checkpoint', str(checkpoint), *options,
             '--results-file', str(run_dir / 'test.json'), '--results-format', 'json']
 

@@ -35,7 +35,7 @@ def load(path: Path) -> dict:
 
 def models_named(path: Path) -> list:
     """The models of the header's ``train.py -c ... --model NAME`` command lines."""
-    return re.findall(r'^#\s+python -m timm_hbf\.run train\.py -c .* --model (\S+)$', path.read_text(), re.M)
+    return re.findall(r'^#\s+python train\.py -c .* --model (\S+)$', path.read_text(), re.M)
 
 
 def build(cfg: dict, model: str) -> torch.nn.Module:
