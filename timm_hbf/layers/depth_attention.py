@@ -16,9 +16,10 @@ depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also 
 
 In eager mode, a write puts the entry into the free room of the stack's storage (:func:`append_entry`), so that every
 read keeps its stack for the backward pass without a copy: ``O(L)`` memory for ``L`` entries, not ``O(L^2)``; in the
-backward pass, the reads of a stack add their gradients in place into the one its next write passes on. Compiled,
-exported and scripted, the entries and their logits are lists, and a read sums one term per entry (one kernel once
-compiled), which keeps no copy of them either.
+backward pass, the reads of a stack add their gradients in place into the one its next write passes on; a read forms
+its products in scratch room of half a stack, not in new memory of the stack's size. Compiled, exported and
+scripted, the entries and their logits are lists, and a read sums one term per entry (one kernel once compiled),
+which keeps no copy of them either.
 
 Keys are stored as reads use them: unit L2 per head (``'l2'``, the report's key normalisation) or RMS-normalised per
 head (``'rms'``, AttnRes's keys, the values normalised); for the Gaussian kernel with ``||k_h||^2`` appended per head,
@@ -173,8 +174,9 @@ def _weighted_sum(weights: torch.Tensor, values: torch.Tensor, scratch: torch.Te
     per read. Written through an alias (:func:`_on`), so that ``scratch`` itself never changes for autograd (it passes
     through gradient checkpointing as an input of every layer)."""
     num = values.shape[0]
-    if not torch.jit.is_scripting():
-        if 0 < num <= 2 * scratch.shape[0] and scratch[0].numel() == values[0].numel():
+    if not torch.jit.is_scripting():  # eager mode only: the compiler fuses the products into the sum
+        if not torch.compiler.is_compiling() and 0 < num <= 2 * scratch.shape[0] \
+                and scratch[0].numel() == values[0].numel():
             half = (num + 1) // 2
             out = None
             for part, w in ((values[:half], weights[:half]), (values[half:], weights[half:])):
@@ -299,8 +301,8 @@ def depth_read(
     """Eq. 1 over stored entries, in their dtype (float32 or wider), also under autocast: ``softmax_i`` of
     ``logits (L, ..., H)`` weighing ``values (L, ..., H * Dv)`` -> ``(..., H * Dv)``. ``own``: the logits
     ``(..., H)`` and value ``(..., H * Dv)`` of one more entry (a block's running summary); ``keep``: the keep
-    probability of dropout on the weights; ``scratch``: room ``(C, ..., H * Dv)`` for the products of up to ``C``
-    entries (:class:`DepthMemory`)."""
+    probability of dropout on the weights; ``scratch``: room ``(C, ..., H * Dv)`` for the products of up to ``2 C``
+    entries, in two halves (:class:`DepthMemory`)."""
     room = values.new_empty(0) if scratch is None else scratch
     if not torch.jit.is_scripting() and values.device.type != 'meta':
         with torch.autocast(values.device.type, enabled=False):
