@@ -119,14 +119,17 @@ def equation_read(read, keys, values):
 
 @pytest.mark.parametrize('capacity', [0, 4], ids=['growing', 'preallocated'])
 @pytest.mark.parametrize('merge', [False, True])
-def test_gradients_are_those_of_the_equation(merge, capacity):
-    """Three reads, each over the entries written before it (the last one merging the newest as a running summary):
-    the gradients of entries, keys and queries are those of Eq. 1 computed directly, though the backward pass sums
-    every read's gradient of the values into one buffer and the stacks share one storage."""
-    reads = [read_with_query(seed=seed) for seed in (1, 2, 3)]
-    keys, values = memory(num_entries=4, shared=True)
+@pytest.mark.parametrize('num_reads', [3, 9])
+def test_gradients_are_those_of_the_equation(merge, capacity, num_reads):
+    """Reads each over the entries written before it (the last one merging the newest as a running summary): the
+    gradients of entries, keys and queries are those of Eq. 1 computed directly, though the backward pass sums every
+    read's gradient of the values into one buffer, the stacks share one storage, and the reads' gradients of the
+    logits share buffers with room for the reads before them."""
+    reads = [read_with_query(seed=seed) for seed in range(1, num_reads + 1)]
+    keys, values = memory(num_entries=num_reads + 1, shared=True)
     leaves = [t.requires_grad_() for t in keys + values]
-    weights = [torch.randn(2, 3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    weights = [torch.randn(2, 3, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(num_reads)]
 
     def gradients(outputs):
         for read in reads:
@@ -140,7 +143,7 @@ def test_gradients_are_those_of_the_equation(merge, capacity):
     state = reads[0].write(state, keys[0], values[0])
     outputs = []
     for i, read in enumerate(reads):
-        last = merge and i == 2
+        last = merge and i == num_reads - 1
         state = read.write(state, keys[i + 1], values[i + 1], commit=not last)
         out, state = read(state, merge=last)
         outputs.append(out)

@@ -221,8 +221,9 @@ class _WeightedSum(torch.autograd.Function):
 class _FirstColumn(torch.autograd.Function):
     """``(stack[..., 0], stack[..., 1:])`` of a stack of logits ``(L, ..., R)``: the next read's logits, and the stack
     for the reads after it, on the same storage but not a view of it (:func:`_on`), so that the next write appends to
-    it in place. The backward pass writes both gradients into one new tensor, where autograd's select and slice
-    would each fill a tensor of the stack's size with zeros, and add the two."""
+    it in place. The backward pass puts both gradients into one tensor with free columns on its left (twice as wide
+    as the stack it covers): the read before this one writes its column there in place, so that a stack's gradient
+    is copied only when that room runs out, not on every read."""
 
     @staticmethod
     def forward(ctx, stack):
@@ -237,13 +238,33 @@ class _FirstColumn(torch.autograd.Function):
         like = grad if grad is not None else grad_rest
         if like is None:
             return None
-        out = like.new_empty(ctx.shape)
-        for part, given in ((out[..., 0], grad), (out[..., 1:], grad_rest)):
-            if given is None:
-                part.zero_()
+        out = _left_room(grad_rest, ctx.shape)
+        if out is None:
+            width = 2 * ctx.shape[-1]
+            room = like.new_empty(ctx.shape[:-1] + (width,))
+            room.has_left_room = True
+            out = room.narrow(-1, width - ctx.shape[-1], ctx.shape[-1])
+            if grad_rest is None:
+                out[..., 1:].zero_()
             else:
-                part.copy_(given)
+                out[..., 1:].copy_(grad_rest)
+        if grad is None:
+            out[..., 0].zero_()
+        else:
+            out[..., 0].copy_(grad)
         return out
+
+
+def _left_room(grad: Optional[torch.Tensor], shape: Tuple[int, ...]) -> Optional[torch.Tensor]:
+    """A tensor of ``shape`` whose columns ``1:`` are ``grad`` itself, where ``grad`` is the last columns of the first
+    rows of a gradient made by :class:`_FirstColumn` that has a free column on their left; else None."""
+    room = None if grad is None or torch.is_grad_enabled() else grad._base
+    if room is None or not getattr(room, 'has_left_room', False) or room.stride() != grad.stride() or room.shape[1:-1] != grad.shape[1:-1]:
+        return None
+    column = grad.storage_offset() - room.storage_offset()
+    if column < 1 or column + grad.shape[-1] != room.shape[-1]:
+        return None
+    return room[:shape[0]].narrow(-1, column - 1, shape[-1])
 
 
 def first_column(stack: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
