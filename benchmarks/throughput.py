@@ -25,8 +25,9 @@ a compiled model, the wait for compiling before the first step (as train.py's ``
 what the timing compiled, as a rerun finds them.
 
 Arithmetic and launches: GMACs of one image's forward pass (torch's FLOP counter) and the ceiling, the baseline's
-MACs over the model's; and ops/step, the aten operators one training step (forward and backward) dispatches, the
-CPU's count of what a GPU launches as kernels in eager mode, where a small model's step is bound by launches.
+MACs over the model's; ops/step, the aten operators one training step (forward and backward) dispatches, each a
+cost on the host in eager mode; and kernels/step, those of them that launch a kernel (not views, allocations or
+metadata), the CPU's count of what a GPU launches in eager mode, where a small model's step is bound by launches.
 ``--json PATH`` writes the environment (device, versions, command, date) and every round, with the Markdown table
 beside it (``.md``).
 
@@ -246,19 +247,25 @@ def forward_macs(spec: dict) -> int:
     return counter.get_total_flops() // 2
 
 
+# operators that launch no kernel: views, allocations and metadata
+NO_KERNEL = ('set_', 'empty', 'new_empty', 'empty_strided', 'new_empty_strided', 'empty_like', '_unsafe_view',
+             'lift_fresh', 'promote_types')
+
+
 class _OpCount(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.count = self.kernels = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
+        self.kernels += not (func.is_view or func.overloadpacket.__name__ in NO_KERNEL)
         return func(*args, **(kwargs or {}))
 
 
-def ops_per_step(spec: dict) -> int:
+def operators_per_step(spec: dict) -> Tuple[int, int]:
     """aten operators dispatched by one eager training step's forward and backward pass (at batch 2: the count does
-    not depend on the batch), after a first step."""
+    not depend on the batch), after a first step, and those of them that launch a kernel."""
     model = build(spec, 'cpu').train()
     batch = torch.randn(2, *spec['input_size'])
     for counting in (False, True):
@@ -266,7 +273,7 @@ def ops_per_step(spec: dict) -> int:
             out = model(batch)
             loss = F.cross_entropy(out, torch.zeros(2, dtype=torch.long)) if model.num_classes else out.mean()
             loss.backward()
-    return counter.count
+    return counter.count, counter.kernels
 
 
 def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
@@ -322,7 +329,8 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args) -> List[di
     """One row per mode (inference, training) with every model's speed, memory, ratios, ceiling and operators."""
     reference = next(label for label in specs if label in (BASELINE, LAYER_BASELINE))
     macs = {label: forward_macs(spec) for label, spec in specs.items()}
-    ops = {label: ops_per_step(spec) for label, spec in specs.items()} if not args.attention else {}
+    counted = {label: operators_per_step(spec) for label, spec in specs.items()} if not args.attention else {}
+    ops, kernels = ({label: c[i] for label, c in counted.items()} for i in (0, 1))
     rounds = {}
     for mode in args.modes:  # the speeds first, printed as they come; the memory after, in parallel processes
         rounds[mode] = throughput(specs, batch_size, mode == 'train', args)
@@ -338,7 +346,8 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args) -> List[di
             ceiling = macs[reference] / macs[label]
             entry = row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=ceiling,
                                                 ops_per_step=ops.get(label), ops_ratio=ops[label] / ops[reference]
-                                                if ops else None)
+                                                if ops else None, kernels_per_step=kernels.get(label),
+                                                kernels_ratio=kernels[label] / kernels[reference] if ops else None)
             for execution, _ in executions(args):
                 mine, theirs = rounds[mode][label, execution], rounds[mode][reference, execution]
                 ratios = [a / b for a, b in zip(mine, theirs)]
@@ -360,13 +369,14 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args) -> List[di
 
 def markdown_table(rows: List[dict], args) -> str:
     """One line per case, mode and model; ratios to the baseline of the same case, mode and execution."""
-    header = '| model | input | mode | batch | GMACs | ops/step | ratio |'
+    header = '| model | input | mode | batch | GMACs | ops/step | ratio | kernels/step | ratio |'
     for execution, _ in executions(args):
         header += f' {execution} /s | ratio (range) | peak MiB | memory ratio | first step s | ratio |'
     lines = [header, '|' + '---|' * (header.count('|') - 1)]
     for row in rows:
         for label, m in row['models'].items():
-            ops = f"{m['ops_per_step']} | {m['ops_ratio']:.2f}" if m['ops_per_step'] else '- | -'
+            ops = f"{m['ops_per_step']} | {m['ops_ratio']:.2f} | {m['kernels_per_step']} | {m['kernels_ratio']:.2f}" \
+                if m['ops_per_step'] else '- | - | - | -'
             line = f"| {label} | {row['case']} | {row['mode']} | {row['batch_size']} | {m['macs'] / 1e9:.3f} | {ops} |"
             for execution, _ in executions(args):
                 x = m[execution]

@@ -259,7 +259,8 @@ def _left_room(grad: Optional[torch.Tensor], shape: Tuple[int, ...]) -> Optional
     """A tensor of ``shape`` whose columns ``1:`` are ``grad`` itself, where ``grad`` is the last columns of the first
     rows of a gradient made by :class:`_FirstColumn` that has a free column on their left; else None."""
     room = None if grad is None or torch.is_grad_enabled() else grad._base
-    if room is None or not getattr(room, 'has_left_room', False) or room.stride() != grad.stride() or room.shape[1:-1] != grad.shape[1:-1]:
+    if room is None or not getattr(room, 'has_left_room', False) or room.stride() != grad.stride() \
+            or room.shape[1:-1] != grad.shape[1:-1]:
         return None
     column = grad.storage_offset() - room.storage_offset()
     if column < 1 or column + grad.shape[-1] != room.shape[-1]:
