@@ -16,8 +16,9 @@ depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also 
 
 In eager mode, a write puts the entry into the free room of the stack's storage (:func:`append_entry`), so that every
 read keeps its stack for the backward pass without a copy: ``O(L)`` memory for ``L`` entries, not ``O(L^2)``; in the
-backward pass, the reads of a stack add their gradients in place into the one its next write passes on; a read forms
-its products in scratch room of half a stack, not in new memory of the stack's size. Compiled, exported and
+backward pass, the reads of a stack add their gradients in place into the one its next write passes on, and each read
+writes its logits' gradient into a free column of the later reads' (:class:`_FirstColumn`); a read forms its
+products in scratch room of half a stack, not in new memory of the stack's size. Compiled, exported and
 scripted, the entries and their logits are lists, and a read sums one term per entry (one kernel once compiled),
 which keeps no copy of them either.
 
