@@ -347,7 +347,7 @@ def measure(case: str, batch_size: int, specs: Dict[str, dict], args) -> List[di
             entry = row['models'][label] = dict(spec=spec, macs=macs[label], ceiling=ceiling,
                                                 ops_per_step=ops.get(label), ops_ratio=ops[label] / ops[reference]
                                                 if ops else None, kernels_per_step=kernels.get(label),
-                                                kernels_ratio=kernels[label] / kernels[reference] if ops else None)
+                                                kernels_ratio=kernels[label] / kernels[reference] if kernels else None)
             for execution, _ in executions(args):
                 mine, theirs = rounds[mode][label, execution], rounds[mode][reference, execution]
                 ratios = [a / b for a, b in zip(mine, theirs)]
