@@ -206,6 +206,21 @@ def test_reads_keep_their_stacks_in_one_storage():
     assert sum(storages.values()) < 1.5 * sum(v.numel() * v.element_size() for v in values)
 
 
+def test_the_logits_keep_only_the_reads_still_to_come():
+    """32 reads, each after a write: the logits grow by doubling and each growth drops the columns of the reads
+    taken, so that they never take the room of every entry's logits for every read, and end under a half of it."""
+    read = read_with_query(dtype=torch.float32)
+    keys, values = memory(num_entries=32, dtype=torch.float32)
+    state = read.start(read.memory_query().expand(-1, -1, 32), None, values[0], 32)
+    every_read = 32 * state.logits.shape[1:].numel() * state.logits.element_size()
+    sizes = []
+    for key, value in zip(keys, values):
+        state = read.write(state, key, value)
+        sizes.append(state.logits.untyped_storage().nbytes())
+        _, state = read(state)
+    assert max(sizes) < every_read and sizes[-1] < every_read / 2
+
+
 class OpCount(TorchDispatchMode):
     def __init__(self):
         super().__init__()

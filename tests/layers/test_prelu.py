@@ -3,6 +3,7 @@ followed by ``nn.Linear``, without keeping the PReLU output."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.helpers import saved_activation_bytes
 from timm_hbf.layers import PReLULinear
@@ -45,6 +46,25 @@ def test_keeps_no_activation_but_its_input_for_backward():
     """The PReLU output (M x C) is recomputed in the backward pass, not kept."""
     layer, x = layer_and_input()
     assert saved_activation_bytes(layer, x) == x.numel() * x.element_size()
+
+
+def test_the_backward_pass_takes_two_tensors_of_the_input_s_size():
+    """The recomputed PReLU output and the input's gradient, each buffer reused for the other terms."""
+    layer, x = layer_and_input()
+    out = layer(x)
+    sizes = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor) and 'out' not in (kwargs or {}) and not func.is_view \
+                    and not func._schema.is_mutable:
+                sizes.append(result.numel())
+            return result
+
+    with Allocations():
+        out.backward(torch.ones_like(out))
+    assert sum(size == x.numel() for size in sizes) == 2
 
 
 def test_bf16_autocast_agrees_with_float32():

@@ -161,9 +161,11 @@ def append_entry(stack: torch.Tensor, entry: torch.Tensor) -> Tuple[torch.Tensor
 
 def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capacity: int) -> List[torch.Tensor]:
     """Empty stacks of logits ``(0, ..., H, R)`` and values ``(0, ..., D)`` for entries of ``value``'s shape, with room
-    for ``capacity`` entries, and (in eager mode) scratch room for the products of reads over half as many at a time."""
+    for ``capacity`` values, and (in eager mode) scratch room for the products of reads over half as many at a time.
+    The logits start with room for two entries: each time they double, they keep only the reads still to come."""
     dtype = accumulation_dtype(queries)
-    logits = queries.new_empty([capacity] + list(value.shape[:-1]) + [num_heads, queries.shape[-1]], dtype=dtype)
+    logits = queries.new_empty([min(capacity, 2)] + list(value.shape[:-1]) + [num_heads, queries.shape[-1]],
+                               dtype=dtype)
     values = value.new_empty([capacity] + list(value.shape), dtype=dtype)
     scratch = value.new_empty([(capacity + 1) // 2 if _eager() else 0] + list(value.shape), dtype=dtype)
     return [logits[:0], values[:0], scratch]

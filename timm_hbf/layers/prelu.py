@@ -30,15 +30,14 @@ class _PReLULinear(torch.autograd.Function):
         x, slope, weight = ctx.saved_tensors
         dtype = ctx.compute_dtype
         x, slope_c, weight_c, grad = x.to(dtype), slope.to(dtype), weight.to(dtype), grad.to(dtype)
-        negative = torch.clamp_max(x, 0)  # min(x, 0)
-        activation = torch.addcmul(x, negative, slope_c - 1)  # the PReLU output, recomputed
-        grad_weight = grad.t().mm(activation)
+        # two buffers of x's size: the PReLU output, recomputed (then min(x, 0), then the slope where x < 0), and the
+        # gradient of the PReLU output (then of x)
+        room = torch.clamp_max(x, 0).mul_(slope_c - 1).add_(x)  # x + (slope - 1) min(x, 0)
+        grad_weight = grad.t().mm(room)
         grad_bias = grad.sum(0) if ctx.has_bias else None
-        grad_act = grad.mm(weight_c)
-        # d/d slope: sum of grad * min(x, 0); d/dx: 1 where x >= 0, the slope where x < 0 (in place, into tensors of
-        # this pass)
-        grad_slope = torch.mul(grad_act, negative, out=activation).sum(0)
-        grad_x = grad_act.mul_(negative.sign_().mul_(1 - slope_c).add_(1))
+        grad_x = grad.mm(weight_c)
+        grad_slope = torch.clamp_max(x, 0, out=room).mul_(grad_x).sum(0)  # sum of grad * min(x, 0)
+        grad_x.mul_(torch.lt(x, 0, out=room).mul_(slope_c - 1).add_(1))  # d/dx: the slope where x < 0, else 1
         return (grad_x.to(ctx.input_dtype), grad_slope.to(slope.dtype), grad_weight.to(weight.dtype),
                 grad_bias.to(weight.dtype) if grad_bias is not None else None)
 
