@@ -124,12 +124,12 @@ def test_a_run_stopped_early_keeps_the_cases_it_measured(bench, tmp_path, monkey
 @pytest.mark.parametrize('name', ['vit_qimia_tiny', 'vit_attnres_tiny', 'vit_attnres_block_tiny'])
 def test_ops_per_step_grow_by_a_fixed_count_per_layer_with_depth_attention(bench, name):
     """A training step's operators: every two layers add as many (a memory block of Block AttnRes), however many
-    entries the reads see (a read is not a loop over entries), but for the few of a logits gradient's buffer when
-    it runs out of room (as often as the number of reads doubles); timm's ViT for reference."""
+    entries the reads see (a read is not a loop over entries), but for the few of the logits and their gradient's
+    buffer when they run out of room (as often as the number of entries doubles); timm's ViT for reference."""
     ops = [bench.operators_per_step(dict(model_name=name, depth=depth, input_size=[3, 32, 32]))[0]
            for depth in (2, 4, 6, 8)]
     added = [more - fewer for fewer, more in zip(ops, ops[1:])]
-    assert min(added) > 0 and max(added) - min(added) <= 4
+    assert min(added) > 0 and max(added) - min(added) <= 8
     vit, _ = bench.operators_per_step(dict(model_name='vit_tiny_patch16_224', img_size=32, patch_size=4, depth=1,
                                            input_size=[3, 32, 32]))
     assert vit < ops[0]

@@ -30,14 +30,15 @@ class _PReLULinear(torch.autograd.Function):
         x, slope, weight = ctx.saved_tensors
         dtype = ctx.compute_dtype
         x, slope_c, weight_c, grad = x.to(dtype), slope.to(dtype), weight.to(dtype), grad.to(dtype)
-        # two buffers of x's size: the PReLU output, recomputed (then min(x, 0), then the slope where x < 0), and the
-        # gradient of the PReLU output (then of x)
-        room = torch.clamp_max(x, 0).mul_(slope_c - 1).add_(x)  # x + (slope - 1) min(x, 0)
-        grad_weight = grad.t().mm(room)
+        # two tensors of x's size at a time: min(x, 0), reused for the terms of the slope's and x's gradients, and the
+        # recomputed PReLU output, then the gradient of x
+        slope_m1 = slope_c - 1
+        negative = torch.clamp_max(x, 0)
+        grad_weight = grad.t().mm(torch.addcmul(x, negative, slope_m1))  # the PReLU output x + (slope - 1) min(x, 0)
         grad_bias = grad.sum(0) if ctx.has_bias else None
         grad_x = grad.mm(weight_c)
-        grad_slope = torch.clamp_max(x, 0, out=room).mul_(grad_x).sum(0)  # sum of grad * min(x, 0)
-        grad_x.mul_(torch.lt(x, 0, out=room).mul_(slope_c - 1).add_(1))  # d/dx: the slope where x < 0, else 1
+        grad_slope = negative.mul_(grad_x).sum(0)  # sum of grad * min(x, 0)
+        grad_x.mul_(negative.copy_(x).lt_(0).mul_(slope_m1).add_(1))  # d/dx: the slope where x < 0, else 1
         return (grad_x.to(ctx.input_dtype), grad_slope.to(slope.dtype), grad_weight.to(weight.dtype),
                 grad_bias.to(weight.dtype) if grad_bias is not None else None)
 
