@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from timm_hbf.layers import DepthAttention, depth_logits, depth_weights, normalized_entropy
+from timm_hbf.layers.depth_attention import depth_read
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, dtype=torch.float64, shared=False, seed=0):
@@ -77,6 +78,22 @@ def test_read_matches_the_equation_with_heads_splitting_keys_and_values(grad, sh
     with torch.set_grad_enabled(grad):
         out = read_entries(read, keys, values)
     torch.testing.assert_close(out, explicit_read(read.query.detach(), keys, values))
+
+
+@pytest.mark.parametrize('values_shape, logits_shape', [((4, 2, 3, 12), (4, 2, 3, 2)), ((4, 1, 3, 12), (4, 2, 3, 2)),
+                                                        ((4, 2, 3, 12), (4, 1, 3, 2))],
+                         ids=['same', 'values-shared', 'logits-shared'])
+def test_a_read_of_stacked_values_has_the_gradients_of_the_softmax_and_the_sum(values_shape, logits_shape):
+    """``depth_read`` on stacks of its own, shared over the batch or not: the gradients of Eq. 1 in plain autograd."""
+    g = torch.Generator().manual_seed(0)
+    logits, values = (torch.randn(*s, dtype=torch.float64, generator=g).requires_grad_()
+                      for s in (logits_shape, values_shape))
+    grad = torch.randn(2, 3, 12, dtype=torch.float64, generator=g)
+    expected = (logits.softmax(0).unsqueeze(-1) * values.unflatten(-1, (2, -1))).sum(0).flatten(-2)
+    got = depth_read(logits, values, [], num_heads=2)
+    torch.testing.assert_close(got, expected)
+    for a, b in zip(*(torch.autograd.grad(out, (logits, values), grad) for out in (got, expected))):
+        torch.testing.assert_close(a, b)
 
 
 def test_an_empty_batch_reads_nothing():

@@ -106,16 +106,16 @@ def _on(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape, s
 
 
 class _Append(torch.autograd.Function):
-    """``(cat([stack, entry[None]]), the new row)``, written into the free room of ``stack``'s storage (grown by
-    doubling when it has none). The rows ``stack`` covers are never written again, so every earlier stack keeps its
-    values and no read's stack is a copy.
+    """``cat([stack, entry[None]])`` (and, with ``with_row``, the new row), written into the free room of ``stack``'s
+    storage (grown by doubling when it has none). The rows ``stack`` covers are never written again, so every earlier
+    stack keeps its values and no read's stack is a copy.
 
     The backward pass hands the gradient of ``stack`` (a slice of the new stack's) to the reads of ``stack`` as well
     as to autograd: :class:`_WeightedSum` adds into it in place rather than returning a stack-sized gradient of its
     own. A weak reference: the gradient lives no longer than the backward pass that made it."""
 
     @staticmethod
-    def forward(ctx, stack, entry):
+    def forward(ctx, stack, entry, with_row):
         rows, shape, stride = stack.shape[0], (stack.shape[0] + 1,) + stack.shape[1:], stack.stride()
         storage, offset = stack.untyped_storage(), stack.storage_offset()
         end = offset + sum((size - 1) * step for size, step in zip(shape, stride))  # the new row's last element
@@ -124,22 +124,23 @@ class _Append(torch.autograd.Function):
             grown[:rows] = stack
             storage, offset, stride = grown.untyped_storage(), 0, grown.stride()
         out = _on(storage, stack, offset, shape, stride)
-        out[rows] = entry
+        row = _on(storage, stack, offset + rows * stride[0], shape[1:], stride[1:]) if with_row else out[rows]
+        row.copy_(entry)
         ctx.rows, ctx.entry_shape, ctx.entry_dtype = rows, entry.shape, entry.dtype
         ctx.below = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
         ctx.pending = None
         ctx.set_materialize_grads(False)
-        return out, _on(storage, stack, offset + rows * stride[0], shape[1:], stride[1:])
+        return (out, row) if with_row else out
 
     @staticmethod
-    def backward(ctx, grad, grad_row):
+    def backward(ctx, grad, grad_row=None):
         if grad is None:
-            return None, None if grad_row is None else grad_row.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype)
+            return None, None if grad_row is None else grad_row.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype), None
         entry = grad[ctx.rows] if grad_row is None else grad[ctx.rows] + grad_row
         rest = grad[:ctx.rows]
         if ctx.below is not None and not torch.is_grad_enabled():
             ctx.below.pending = weakref.ref(rest)
-        return rest, entry.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype)
+        return rest, entry.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype), None
 
 
 def _eager() -> bool:
@@ -149,14 +150,17 @@ def _eager() -> bool:
     return False
 
 
-def append_entry(stack: torch.Tensor, entry: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and that row
-    (compiled, exported and scripted, where the memory keeps lists instead, a plain concatenation)."""
+def append_entry(stack: torch.Tensor, entry: torch.Tensor, with_row: bool = False
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and, with
+    ``with_row``, that row (compiled, exported and scripted, where the memory keeps lists instead, a plain
+    concatenation)."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
-            return _Append.apply(stack, entry)
+            out = _Append.apply(stack, entry, with_row)
+            return out if with_row else (out, None)
     row = entry.to(stack.dtype).expand(stack.shape[1:])
-    return torch.cat([stack, row.unsqueeze(0)]), row
+    return torch.cat([stack, row.unsqueeze(0)]), row if with_row else None
 
 
 def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capacity: int) -> List[torch.Tensor]:
@@ -179,10 +183,10 @@ def _weighted_sum(weights: torch.Tensor, values: torch.Tensor, scratch: torch.Te
     num = values.shape[0]
     if not torch.jit.is_scripting():  # eager mode only: the compiler fuses the products into the sum
         if not torch.compiler.is_compiling() and 0 < num <= 2 * scratch.shape[0] \
-                and scratch[0].numel() == values[0].numel():
+                and scratch.shape[1:].numel() == values.shape[1:].numel():
             half = (num + 1) // 2
             out = None
-            for part, w in ((values[:half], weights[:half]), (values[half:], weights[half:])):
+            for part, w in zip(values.split(half), weights.split(half)):
                 room = _on(scratch.untyped_storage(), scratch, scratch.storage_offset(), part.shape,
                            _contiguous(part.shape))
                 term = torch.mul(part, w, out=room).sum(0)
@@ -218,7 +222,11 @@ class _WeightedSum(torch.autograd.Function):
             pending.view(values.shape).addcmul_(weights.unsqueeze(-1), grad)
         else:  # no next write, or one that autograd did not run (yet): a gradient of its own
             grad_stack = (weights.unsqueeze(-1) * grad).flatten(-2)
-        return torch.einsum('...hd,l...hd->l...h', grad, values), grad_stack, None
+        if values.shape[1:] != grad.shape:  # values broadcast over the batch or the tokens
+            return torch.einsum('...hd,l...hd->l...h', grad, values), grad_stack, None
+        num, width = values.shape[0], values.shape[-1]  # the weights' gradient: a dot product per token and entry
+        dots = torch.bmm(grad.reshape(-1, 1, width), values.reshape(num, -1, width).permute(1, 2, 0))
+        return dots.view(-1, num).t().unflatten(1, values.shape[1:-1]), grad_stack, None
 
 
 class _FirstColumn(torch.autograd.Function):
@@ -451,8 +459,9 @@ class DepthAttention(nn.Module):
             key = self.key(value)
         logits, values, entries, entry_logits = memory.logits, memory.values, memory.entries, memory.entry_logits
         if commit and _eager():
-            values, row = append_entry(values, value)
-            if from_value and self.rms_logits:  # the key is the stored row: the entry is not kept for backward
+            key_is_row = from_value and self.rms_logits  # the key is the stored row: the entry is not kept for backward
+            values, row = append_entry(values, value, key_is_row)
+            if key_is_row and row is not None:
                 key = row
             logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits))
         elif commit:
