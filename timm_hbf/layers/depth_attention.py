@@ -151,16 +151,16 @@ def _eager() -> bool:
 
 
 def append_entry(stack: torch.Tensor, entry: torch.Tensor, with_row: bool = False
-                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and, with
-    ``with_row``, that row (compiled, exported and scripted, where the memory keeps lists instead, a plain
-    concatenation)."""
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and that row as
+    stored (in eager mode only ``with_row``; else ``entry`` as it is). Compiled, exported and scripted, where the
+    memory keeps lists instead, a plain concatenation."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
             out = _Append.apply(stack, entry, with_row)
-            return out if with_row else (out, None)
+            return out if with_row else (out, entry)
     row = entry.to(stack.dtype).expand(stack.shape[1:])
-    return torch.cat([stack, row.unsqueeze(0)]), row if with_row else None
+    return torch.cat([stack, row.unsqueeze(0)]), row
 
 
 def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capacity: int) -> List[torch.Tensor]:
@@ -461,7 +461,7 @@ class DepthAttention(nn.Module):
         if commit and _eager():
             key_is_row = from_value and self.rms_logits  # the key is the stored row: the entry is not kept for backward
             values, row = append_entry(values, value, key_is_row)
-            if key_is_row and row is not None:
+            if key_is_row:
                 key = row
             logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits))
         elif commit:
