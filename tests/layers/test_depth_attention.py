@@ -229,7 +229,7 @@ def test_the_logits_keep_only_the_reads_still_to_come():
     read = read_with_query(dtype=torch.float32)
     keys, values = memory(num_entries=32, dtype=torch.float32)
     state = read.start(read.memory_query().expand(-1, -1, 32), None, values[0], 32)
-    every_read = 32 * state.logits.shape[1:].numel() * state.logits.element_size()
+    every_read = 32 * 32 * state.logits.shape[2:].numel() * state.logits.element_size()
     sizes = []
     for key, value in zip(keys, values):
         state = read.write(state, key, value)

@@ -10,14 +10,15 @@ entries that the stem and the earlier sublayers wrote:
 
 Heads split the key and the value channels into contiguous groups. The queries do not depend on the input, so an
 entry's logits for every later read are known once it is written (AttnRes's two-phase computation). The memory
-(:class:`DepthMemory`) stacks the entries' values, and their logits for every read still to come; a read is one
-softmax over the stacked logits and one weighted sum of the stacked values: a fixed number of operations whatever the
-depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also under autocast.
+(:class:`DepthMemory`) stacks the entries' values, and their logits for every read still to come, reads outermost;
+a read is one softmax over its row of the stacked logits and one weighted sum of the stacked values: a fixed
+number of operations whatever the depth. Logits and sums are float32 (or wider) whatever the entries' dtype, also
+under autocast.
 
 In eager mode, a write puts the entry into the free room of the stack's storage (:func:`append_entry`), so that every
 read keeps its stack for the backward pass without a copy: ``O(L)`` memory for ``L`` entries, not ``O(L^2)``; in the
 backward pass, the reads of a stack add their gradients in place into the one its next write passes on, and each read
-writes its logits' gradient into a free column of the later reads' (:class:`_FirstColumn`); a read forms its
+writes its logits' gradient into a free row above the later reads' (:class:`_FirstRow`); a read forms its
 products in scratch room of half a stack, not in new memory of the stack's size. Compiled, exported and
 scripted, the entries and their logits are lists, and a read sums one term per entry (one kernel once compiled),
 which keeps no copy of them either.
@@ -57,7 +58,7 @@ class DepthMemory(NamedTuple):
     an unfinished block. ``R`` reads are still to come, the next one first; ``...`` is ``(B, N)``."""
     queries: torch.Tensor  # (H, Dk', R) the reads' queries as :meth:`DepthAttention.memory_query` gives them
     keep: Optional[torch.Tensor]  # (R,) each read's path-dropout keep probability, None without path dropout
-    logits: torch.Tensor  # (L, ..., H, R) s_{l,i} of every stored entry i for every read l to come
+    logits: torch.Tensor  # (R, L, ..., H) s_{l,i} for every read l to come of every stored entry i
     values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype (eager mode)
     scratch: torch.Tensor  # (C, ..., D) room for a read's products over C entries at a time (eager mode)
     entries: List[torch.Tensor]  # compiled, exported, scripted: the stored values, a list
@@ -106,27 +107,32 @@ def _on(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape, s
 
 
 class _Append(torch.autograd.Function):
-    """``cat([stack, entry[None]])`` (and, with ``with_row``, the new row), written into the free room of ``stack``'s
-    storage (grown by doubling when it has none). The rows ``stack`` covers are never written again, so every earlier
-    stack keeps its values and no read's stack is a copy.
+    """``cat([stack, entry.unsqueeze(dim)], dim)`` (and, with ``with_row``, the new row), written into the free room
+    of ``stack``'s storage (grown by doubling when it has none). What ``stack`` covers is never written again, so every
+    earlier stack keeps its values and no read's stack is a copy.
 
     The backward pass hands the gradient of ``stack`` (a slice of the new stack's) to the reads of ``stack`` as well
     as to autograd: :class:`_WeightedSum` adds into it in place rather than returning a stack-sized gradient of its
     own. A weak reference: the gradient lives no longer than the backward pass that made it."""
 
     @staticmethod
-    def forward(ctx, stack, entry, with_row):
-        rows, shape, stride = stack.shape[0], (stack.shape[0] + 1,) + stack.shape[1:], stack.stride()
+    def forward(ctx, stack, entry, with_row, dim):
+        rows, stride = stack.shape[dim], stack.stride()
+        shape = stack.shape[:dim] + (rows + 1,) + stack.shape[dim + 1:]
         storage, offset = stack.untyped_storage(), stack.storage_offset()
         end = offset + sum((size - 1) * step for size, step in zip(shape, stride))  # the new row's last element
-        if end >= storage.nbytes() // stack.element_size():
-            grown = stack.new_empty((2 * rows + 1,) + stack.shape[1:])
-            grown[:rows] = stack
+        full = end >= storage.nbytes() // stack.element_size()
+        if dim > 0:  # and, past dim 0, up to the next index of the dim before
+            full = full or (rows + 1) * stride[dim] > stride[dim - 1]
+        if full:
+            grown = stack.new_empty(stack.shape[:dim] + (2 * rows + 1,) + stack.shape[dim + 1:])
+            grown.narrow(dim, 0, rows).copy_(stack)
             storage, offset, stride = grown.untyped_storage(), 0, grown.stride()
         out = _on(storage, stack, offset, shape, stride)
-        row = _on(storage, stack, offset + rows * stride[0], shape[1:], stride[1:]) if with_row else out[rows]
+        row = _on(storage, stack, offset + rows * stride[dim], shape[:dim] + shape[dim + 1:],
+                  stride[:dim] + stride[dim + 1:]) if with_row else out.select(dim, rows)
         row.copy_(entry)
-        ctx.rows, ctx.entry_shape, ctx.entry_dtype = rows, entry.shape, entry.dtype
+        ctx.rows, ctx.dim, ctx.entry_shape, ctx.entry_dtype = rows, dim, entry.shape, entry.dtype
         ctx.below = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
         ctx.pending = None
         ctx.set_materialize_grads(False)
@@ -135,12 +141,14 @@ class _Append(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, grad_row=None):
         if grad is None:
-            return None, None if grad_row is None else grad_row.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype), None
-        entry = grad[ctx.rows] if grad_row is None else grad[ctx.rows] + grad_row
-        rest = grad[:ctx.rows]
+            return (None, None if grad_row is None else grad_row.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype),
+                    None, None)
+        entry = grad.select(ctx.dim, ctx.rows)
+        entry = entry if grad_row is None else entry + grad_row
+        rest = grad.narrow(ctx.dim, 0, ctx.rows)
         if ctx.below is not None and not torch.is_grad_enabled():
             ctx.below.pending = weakref.ref(rest)
-        return rest, entry.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype), None
+        return rest, entry.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype), None, None
 
 
 def _eager() -> bool:
@@ -150,29 +158,29 @@ def _eager() -> bool:
     return False
 
 
-def append_entry(stack: torch.Tensor, entry: torch.Tensor, with_row: bool = False
+def append_entry(stack: torch.Tensor, entry: torch.Tensor, with_row: bool = False, dim: int = 0
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``stack (L, ...)`` with ``entry`` (broadcast to ``...``) as row ``L``, in ``stack``'s dtype, and that row as
+    """``stack`` with ``entry`` (broadcast) as its next index along ``dim``, in ``stack``'s dtype, and that row as
     stored (in eager mode only ``with_row``; else ``entry`` as it is). Compiled, exported and scripted, where the
     memory keeps lists instead, a plain concatenation."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
-            out = _Append.apply(stack, entry, with_row)
+            out = _Append.apply(stack, entry, with_row, dim)
             return out if with_row else (out, entry)
-    row = entry.to(stack.dtype).expand(stack.shape[1:])
-    return torch.cat([stack, row.unsqueeze(0)]), row
+    row = entry.to(stack.dtype).expand(stack.shape[:dim] + stack.shape[dim + 1:])
+    return torch.cat([stack, row.unsqueeze(dim)], dim), row
 
 
 def new_stacks(queries: torch.Tensor, value: torch.Tensor, num_heads: int, capacity: int) -> List[torch.Tensor]:
-    """Empty stacks of logits ``(0, ..., H, R)`` and values ``(0, ..., D)`` for entries of ``value``'s shape, with room
+    """Empty stacks of logits ``(R, 0, ..., H)`` and values ``(0, ..., D)`` for entries of ``value``'s shape, with room
     for ``capacity`` values, and (in eager mode) scratch room for the products of reads over half as many at a time.
     The logits start with room for two entries: each time they double, they keep only the reads still to come."""
     dtype = accumulation_dtype(queries)
-    logits = queries.new_empty([min(capacity, 2)] + list(value.shape[:-1]) + [num_heads, queries.shape[-1]],
+    logits = queries.new_empty([queries.shape[-1], min(capacity, 2)] + list(value.shape[:-1]) + [num_heads],
                                dtype=dtype)
     values = value.new_empty([capacity] + list(value.shape), dtype=dtype)
     scratch = value.new_empty([(capacity + 1) // 2 if _eager() else 0] + list(value.shape), dtype=dtype)
-    return [logits[:0], values[:0], scratch]
+    return [logits[:, :0], values[:0], scratch]
 
 
 def _weighted_sum(weights: torch.Tensor, values: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
@@ -229,66 +237,66 @@ class _WeightedSum(torch.autograd.Function):
         return dots.view(-1, num).t().unflatten(1, values.shape[1:-1]), grad_stack, None
 
 
-class _FirstColumn(torch.autograd.Function):
-    """``(stack[..., 0], stack[..., 1:])`` of a stack of logits ``(L, ..., R)``: the next read's logits, and the stack
-    for the reads after it, on the same storage but not a view of it (:func:`_on`), so that the next write appends to
-    it in place. The backward pass puts both gradients into one tensor with free columns on its left (twice as wide
-    as the stack it covers): the read before this one writes its column there in place, so that a stack's gradient
-    is copied only when that room runs out, not on every read."""
+class _FirstRow(torch.autograd.Function):
+    """``(stack[0], stack[1:])`` of a stack of logits ``(R, L, ...)``: the next read's logits, and the stack for the
+    reads after it, on the same storage but not a view of it (:func:`_on`), so that the next write appends to it in
+    place. The backward pass puts both gradients into one tensor with free rows above them (twice as many rows as
+    the stack it covers): the read before this one writes its row there in place, so that a stack's gradient is
+    copied only when that room runs out, not on every read."""
 
     @staticmethod
     def forward(ctx, stack):
         ctx.set_materialize_grads(False)
         ctx.shape = stack.shape
-        shape = stack.shape[:-1] + (stack.shape[-1] - 1,)
-        rest = _on(stack.untyped_storage(), stack, stack.storage_offset() + stack.stride(-1), shape, stack.stride())
-        return stack.select(-1, 0), rest
+        shape = (stack.shape[0] - 1,) + stack.shape[1:]
+        rest = _on(stack.untyped_storage(), stack, stack.storage_offset() + stack.stride(0), shape, stack.stride())
+        return stack[0], rest
 
     @staticmethod
     def backward(ctx, grad, grad_rest):
         like = grad if grad is not None else grad_rest
         if like is None:
             return None
-        out = _left_room(grad_rest, ctx.shape)
+        out = _room_above(grad_rest, ctx.shape)
         if out is None:
-            width = 2 * ctx.shape[-1]
-            room = like.new_empty(ctx.shape[:-1] + (width,))
-            room.has_left_room = True
-            out = room.narrow(-1, width - ctx.shape[-1], ctx.shape[-1])
+            rows = ctx.shape[0]
+            room = like.new_empty((2 * rows,) + ctx.shape[1:])
+            room.has_room_above = True
+            out = room[rows:]
             if grad_rest is None:
-                out[..., 1:].zero_()
+                out[1:].zero_()
             else:
-                out[..., 1:].copy_(grad_rest)
+                out[1:].copy_(grad_rest)
         if grad is None:
-            out[..., 0].zero_()
+            out[0].zero_()
         else:
-            out[..., 0].copy_(grad)
+            out[0].copy_(grad)
         return out
 
 
-def _left_room(grad: Optional[torch.Tensor], shape: Tuple[int, ...]) -> Optional[torch.Tensor]:
-    """A tensor of ``shape`` whose columns ``1:`` are ``grad`` itself, where ``grad`` is the last columns of the first
-    rows of a gradient made by :class:`_FirstColumn` that has a free column on their left; else None."""
+def _room_above(grad: Optional[torch.Tensor], shape: Tuple[int, ...]) -> Optional[torch.Tensor]:
+    """A tensor of ``shape`` whose rows ``1:`` are ``grad`` itself, where ``grad`` is rows of a gradient made by
+    :class:`_FirstRow` (their first indices along dim 1) with a free row above them; else None."""
     room = None if grad is None or torch.is_grad_enabled() else grad._base
-    if room is None or not getattr(room, 'has_left_room', False) or room.stride() != grad.stride() \
-            or room.shape[1:-1] != grad.shape[1:-1]:
+    if room is None or not getattr(room, 'has_room_above', False) or room.stride() != grad.stride() \
+            or room.shape[2:] != grad.shape[2:] or tuple(shape[1:]) != grad.shape[1:]:
         return None
-    column = grad.storage_offset() - room.storage_offset()
-    if column < 1 or column + grad.shape[-1] != room.shape[-1]:
+    row, column = divmod(grad.storage_offset() - room.storage_offset(), room.stride(0))
+    if row < 1 or column != 0 or row + grad.shape[0] > room.shape[0]:
         return None
-    return room[:shape[0]].narrow(-1, column - 1, shape[-1])
+    return room[row - 1:row + grad.shape[0], :shape[1]]
 
 
-def first_column(stack: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(stack[..., 0], stack[..., 1:])`` of the logits ``stack (L, ..., R)``: the next read's logits over the stored
-    entries, and the stack of the reads after it."""
+def first_row(stack: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(stack[0], stack[1:])`` of the logits ``stack (R, L, ...)``: the next read's logits over the stored entries,
+    and the stack of the reads after it."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
-            return _FirstColumn.apply(stack)
-    return stack[..., 0], stack[..., 1:]
+            return _FirstRow.apply(stack)
+    return stack[0], stack[1:]
 
 
-torch.fx.wrap('first_column')  # a leaf for torch.fx, which cannot trace into an autograd Function
+torch.fx.wrap('first_row')  # a leaf for torch.fx, which cannot trace into an autograd Function
 
 
 def _depth_read(
@@ -463,7 +471,8 @@ class DepthAttention(nn.Module):
             values, row = append_entry(values, value, key_is_row)
             if key_is_row:
                 key = row
-            logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits))
+            entry = depth_logits(key, memory.queries, self.rms_logits)  # (..., H, R), broadcast: reads outermost
+            logits, _ = append_entry(logits, entry.expand(logits.shape[2:] + entry.shape[-1:]).movedim(-1, 0), dim=1)
         elif commit:
             entries = entries + [value]
             entry_logits = entry_logits + [depth_logits(key, memory.queries, self.rms_logits)]
@@ -478,10 +487,10 @@ class DepthAttention(nn.Module):
         if merge:
             own = (depth_logits(memory.key, queries[..., :1], self.rms_logits)[..., 0], memory.value)
         drop = keep[:1] if keep is not None and self.training else None
-        logits, rest_logits = first_column(memory.logits)
+        logits, rest_logits = first_row(memory.logits)
         entry_logits = memory.entry_logits
         if len(entry_logits) > 0:  # this read's column of every entry's logits, and the rest for the later reads
-            logits = torch.stack([entry[..., 0].expand(memory.logits.shape[1:-1]) for entry in entry_logits])
+            logits = torch.stack([entry[..., 0].expand(memory.logits.shape[2:]) for entry in entry_logits])
             entry_logits = [entry[..., 1:] for entry in entry_logits]
         out = depth_read(logits, memory.values, memory.entries, own, drop, self.num_heads, memory.scratch)
         rest = DepthMemory(queries[..., 1:], None if keep is None else keep[1:], rest_logits, memory.values,
