@@ -326,6 +326,22 @@ def test_l2_keys_are_unit_per_head_and_rms_keys_are_stored_as_they_are_and_norma
     torch.testing.assert_close(F.normalize(rms.unflatten(-1, (2, 4)), dim=-1), unit)
 
 
+@pytest.mark.parametrize('heads, shape', [(1, (2, 3)), (3, (2, 3)), (1, (1, 3)), (2, ())],
+                         ids=['one-head', 'heads', 'shared-by-the-batch', 'shared-by-every-token'])
+def test_logits_of_rms_keys_have_the_gradients_of_normalised_keys(heads, shape):
+    """The logits of RMS-normalised keys, formed without a normalised copy, have the gradients (numerical, and those
+    of ``rms_norm``'s keys) that the keys and the queries would have through the normalised copy."""
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(*shape, heads * 4, dtype=torch.float64, generator=g).requires_grad_()
+    queries = torch.randn(heads, 4, 5, dtype=torch.float64, generator=g).requires_grad_()
+    assert torch.autograd.gradcheck(lambda k, q: depth_logits(k, q, rms=True), (k, queries))
+    weights = torch.randn(*shape, heads, 5, dtype=torch.float64, generator=g)
+    normalised = F.rms_norm(k.unflatten(-1, (heads, 4)), [4], eps=1e-6).flatten(-2)
+    got = torch.autograd.grad((depth_logits(k, queries, rms=True) * weights).sum(), (k, queries))
+    torch.testing.assert_close(got, torch.autograd.grad((depth_logits(normalised, queries) * weights).sum(),
+                                                        (k, queries)))
+
+
 def gaussian_read(key_norm=''):
     read = read_with_query(kernel='gaussian', key_norm=key_norm)
     with torch.no_grad():

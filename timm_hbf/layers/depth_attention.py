@@ -67,17 +67,51 @@ class DepthMemory(NamedTuple):
     value: torch.Tensor  # (..., D) its value
 
 
+def _product(k: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """``k_h . q_{h,r}`` of keys ``(..., H, Dk')`` and queries ``(H, Dk', R)`` -> ``(..., H, R)``."""
+    if queries.shape[0] == 1:  # one head: a plain product
+        return k @ queries[0]
+    return torch.einsum('...hd,hdr->...hr', k, queries)
+
+
+class _RMSLogits(torch.autograd.Function):
+    """``rstd_h (k_h . q_{h,r})``, ``rstd_h = (mean(k_h^2) + eps)^(-1/2)``: the logits of RMS-normalised keys ``(..., H,
+    Dk')``, whose gradient is formed in a few products from the key, ``rstd`` and the logits, and keeps no normalised
+    copy of the key: ``dk_h = rstd_h g_h q_h^T - (rstd_h^2 / Dk') (g_h . s_h) k_h``."""
+
+    @staticmethod
+    def forward(ctx, k, queries):
+        rstd = k.pow(2).mean(-1, keepdim=True).add_(1e-6).rsqrt_()
+        logits = _product(k, queries).mul_(rstd)
+        ctx.save_for_backward(k, queries, rstd, logits)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad):
+        k, queries, rstd, logits = ctx.saved_tensors
+        scaled = grad * rstd
+        grad_k = grad_q = None
+        if ctx.needs_input_grad[0]:
+            grad_k = _product(scaled, queries.transpose(1, 2))
+            grad_k.addcmul_(k, torch.linalg.vecdot(scaled, logits).unsqueeze(-1) * rstd, value=-1. / k.shape[-1])
+        if ctx.needs_input_grad[1]:
+            if queries.shape[0] == 1:
+                grad_q = (k.reshape(-1, k.shape[-1]).t() @ scaled.reshape(-1, scaled.shape[-1])).unsqueeze(0)
+            else:
+                grad_q = torch.einsum('...hd,...hr->hdr', k, scaled)
+        return grad_k, grad_q
+
+
 def _depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool) -> torch.Tensor:
     dtype = accumulation_dtype(queries)
     k = key.to(dtype).unflatten(-1, (queries.shape[0], -1))
-    if queries.shape[0] == 1:  # one head: a plain product
-        logits = k @ queries[0].to(dtype)
-    else:
-        logits = torch.einsum('...hd,hdr->...hr', k, queries.to(dtype))
+    queries = queries.to(dtype)
     if rms:  # RMS-normalised keys (the values): the norm applied to the product, no normalised copy kept
-        rstd = k.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt()
-        logits = logits * rstd
-    return logits
+        if not torch.jit.is_scripting():
+            if not torch.compiler.is_compiling():
+                return _RMSLogits.apply(k, queries)
+        return _product(k, queries) * k.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt()
+    return _product(k, queries)
 
 
 def depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool = False) -> torch.Tensor:
