@@ -142,7 +142,8 @@ def _on(storage: torch.UntypedStorage, like: torch.Tensor, offset: int, shape, s
 
 class _Append(torch.autograd.Function):
     """``cat([stack, entry.unsqueeze(dim)], dim)`` (and, with ``with_row``, the new row), written into the free room
-    of ``stack``'s storage (grown by doubling when it has none). What ``stack`` covers is never written again, so every
+    of ``stack``'s storage (grown by doubling when it has none); along dim 1 (the logits, reads outermost), the
+    entry's last dim is the stack's first. What ``stack`` covers is never written again, so every
     earlier stack keeps its values and no read's stack is a copy.
 
     The backward pass hands the gradient of ``stack`` (a slice of the new stack's) to the reads of ``stack`` as well
@@ -165,7 +166,7 @@ class _Append(torch.autograd.Function):
         out = _on(storage, stack, offset, shape, stride)
         row = _on(storage, stack, offset + rows * stride[dim], shape[:dim] + shape[dim + 1:],
                   stride[:dim] + stride[dim + 1:]) if with_row else out.select(dim, rows)
-        row.copy_(entry)
+        (row if dim == 0 else row.movedim(0, -1)).copy_(entry)
         ctx.rows, ctx.dim, ctx.entry_shape, ctx.entry_dtype = rows, dim, entry.shape, entry.dtype
         ctx.below = stack.grad_fn if isinstance(stack.grad_fn, _Append._backward_cls) else None
         ctx.pending = None
@@ -178,6 +179,7 @@ class _Append(torch.autograd.Function):
             return (None, None if grad_row is None else grad_row.sum_to_size(ctx.entry_shape).to(ctx.entry_dtype),
                     None, None)
         entry = grad.select(ctx.dim, ctx.rows)
+        entry = entry.movedim(0, -1) if ctx.dim else entry
         entry = entry if grad_row is None else entry + grad_row
         rest = grad.narrow(ctx.dim, 0, ctx.rows)
         if ctx.below is not None and not torch.is_grad_enabled():
@@ -194,14 +196,16 @@ def _eager() -> bool:
 
 def append_entry(stack: torch.Tensor, entry: torch.Tensor, with_row: bool = False, dim: int = 0
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``stack`` with ``entry`` (broadcast) as its next index along ``dim``, in ``stack``'s dtype, and that row as
-    stored (in eager mode only ``with_row``; else ``entry`` as it is). Compiled, exported and scripted, where the
-    memory keeps lists instead, a plain concatenation."""
+    """``stack`` with ``entry`` (broadcast; along dim 1, its last dim first) as its next index along ``dim``, in
+    ``stack``'s dtype, and that row as stored (in eager mode only ``with_row``; else ``entry`` as it is). Compiled,
+    exported and scripted, where the memory keeps lists instead, a plain concatenation."""
     if not torch.jit.is_scripting():
         if not torch.compiler.is_compiling():
             out = _Append.apply(stack, entry, with_row, dim)
             return out if with_row else (out, entry)
-    row = entry.to(stack.dtype).expand(stack.shape[:dim] + stack.shape[dim + 1:])
+    shape = stack.shape[:dim] + stack.shape[dim + 1:]
+    row = entry.to(stack.dtype).expand(shape[1:] + shape[:1]).movedim(-1, 0) if dim else entry.to(stack.dtype).expand(
+        shape)
     return torch.cat([stack, row.unsqueeze(dim)], dim), row
 
 
@@ -505,8 +509,7 @@ class DepthAttention(nn.Module):
             values, row = append_entry(values, value, key_is_row)
             if key_is_row:
                 key = row
-            entry = depth_logits(key, memory.queries, self.rms_logits)  # (..., H, R), broadcast: reads outermost
-            logits, _ = append_entry(logits, entry.expand(logits.shape[2:] + entry.shape[-1:]).movedim(-1, 0), dim=1)
+            logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits), dim=1)
         elif commit:
             entries = entries + [value]
             entry_logits = entry_logits + [depth_logits(key, memory.queries, self.rms_logits)]
