@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from timm_hbf.layers import DepthAttention, depth_logits, depth_weights, normalized_entropy
-from timm_hbf.layers.depth_attention import depth_read
+from timm_hbf.layers.depth_attention import append_entry, depth_read
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, dtype=torch.float64, shared=False, seed=0):
@@ -201,6 +201,19 @@ def test_backward_passes_over_one_graph_give_the_gradients_of_the_equation_each_
                  for y in (loss, reference)]
         for got, want in zip(*grads):
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize('dim', [0, 1], ids=['values', 'logits'])
+def test_an_appended_entry_is_the_next_index_of_the_stack_in_eager_and_scripted_code(dim):
+    """Values take an entry as a row; the logits, reads outermost, take an entry ``(..., R)`` with its last dim
+    first. Both broadcast the entry (an entry shared by the batch)."""
+    stack = torch.randn(5, 3, 2, 4) if dim else torch.randn(3, 2, 4)
+    entry = torch.randn(4, 5) if dim else torch.randn(4)
+    expected = torch.cat([stack, (entry.t() if dim else entry).unsqueeze(-2).expand(stack.select(dim, 0).shape)
+                         .unsqueeze(dim)], dim)
+    for append in (append_entry, torch.jit.script(append_entry)):
+        out, _ = append(stack.clone(), entry, False, dim)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
 def test_reads_keep_their_stacks_in_one_storage():

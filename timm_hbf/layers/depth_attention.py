@@ -204,8 +204,8 @@ def append_entry(stack: torch.Tensor, entry: torch.Tensor, with_row: bool = Fals
             out = _Append.apply(stack, entry, with_row, dim)
             return out if with_row else (out, entry)
     shape = stack.shape[:dim] + stack.shape[dim + 1:]
-    row = entry.to(stack.dtype).expand(shape[1:] + shape[:1]).movedim(-1, 0) if dim else entry.to(stack.dtype).expand(
-        shape)
+    row = entry.to(stack.dtype)
+    row = row.expand(shape[1:] + shape[:1]).movedim(-1, 0) if dim else row.expand(shape)
     return torch.cat([stack, row.unsqueeze(dim)], dim), row
 
 
@@ -317,10 +317,10 @@ def _room_above(grad: Optional[torch.Tensor], shape: Tuple[int, ...]) -> Optiona
     :class:`_FirstRow` (their first indices along dim 1) with a free row above them; else None."""
     room = None if grad is None or torch.is_grad_enabled() else grad._base
     if room is None or not getattr(room, 'has_room_above', False) or room.stride() != grad.stride() \
-            or room.shape[2:] != grad.shape[2:] or tuple(shape[1:]) != grad.shape[1:]:
+            or room.shape[2:] != grad.shape[2:] or shape[1:] != grad.shape[1:]:
         return None
     row, column = divmod(grad.storage_offset() - room.storage_offset(), room.stride(0))
-    if row < 1 or column != 0 or row + grad.shape[0] > room.shape[0]:
+    if row < 1 or column != 0 or row + grad.shape[0] != room.shape[0]:
         return None
     return room[row - 1:row + grad.shape[0], :shape[1]]
 
