@@ -62,7 +62,7 @@ class DepthMemory(NamedTuple):
     values: torch.Tensor  # (L, ..., D) the stored entries' values, in the logits' dtype (eager mode)
     scratch: torch.Tensor  # (C, ..., D) room for a read's products over C entries at a time (eager mode)
     entries: List[torch.Tensor]  # compiled, exported, scripted: the stored values, a list
-    entry_logits: List[torch.Tensor]  # and their logits for the reads to come, (..., H, R) each
+    entry_logits: List[torch.Tensor]  # and their logits for the reads to come, (R, ..., H) each
     key: torch.Tensor  # (..., H * Dk') the newest entry's stored key, in block memory the running summary's
     value: torch.Tensor  # (..., D) its value
 
@@ -512,7 +512,8 @@ class DepthAttention(nn.Module):
             logits, _ = append_entry(logits, depth_logits(key, memory.queries, self.rms_logits), dim=1)
         elif commit:
             entries = entries + [value]
-            entry_logits = entry_logits + [depth_logits(key, memory.queries, self.rms_logits)]
+            entry_logits = entry_logits + [depth_logits(key, memory.queries, self.rms_logits).movedim(-1, 0)
+                                           .contiguous()]  # reads outermost, as the stack
         return DepthMemory(memory.queries, memory.keep, logits, values, memory.scratch, entries, entry_logits, key,
                            value)
 
@@ -526,9 +527,9 @@ class DepthAttention(nn.Module):
         drop = keep[:1] if keep is not None and self.training else None
         logits, rest_logits = first_row(memory.logits)
         entry_logits = memory.entry_logits
-        if len(entry_logits) > 0:  # this read's column of every entry's logits, and the rest for the later reads
-            logits = torch.stack([entry[..., 0].expand(memory.logits.shape[2:]) for entry in entry_logits])
-            entry_logits = [entry[..., 1:] for entry in entry_logits]
+        if len(entry_logits) > 0:  # this read's row of every entry's logits, and the rest for the later reads
+            logits = torch.stack([entry[0].expand(memory.logits.shape[2:]) for entry in entry_logits])
+            entry_logits = [entry[1:] for entry in entry_logits]
         out = depth_read(logits, memory.values, memory.entries, own, drop, self.num_heads, memory.scratch)
         rest = DepthMemory(queries[..., 1:], None if keep is None else keep[1:], rest_logits, memory.values,
                            memory.scratch, memory.entries, entry_logits, memory.key, memory.value)
