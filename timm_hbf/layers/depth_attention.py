@@ -74,6 +74,11 @@ def _product(k: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
     return torch.einsum('...hd,hdr->...hr', k, queries)
 
 
+def _rstd(k: torch.Tensor) -> torch.Tensor:
+    """``(mean(k_h^2) + eps)^(-1/2)`` over the last dim of keys ``(..., H, Dk')``: the RMS norm's scale."""
+    return k.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt()
+
+
 class _RMSLogits(torch.autograd.Function):
     """``rstd_h (k_h . q_{h,r})``, ``rstd_h = (mean(k_h^2) + eps)^(-1/2)``: the logits of RMS-normalised keys ``(..., H,
     Dk')``, whose gradient is formed in a few products from the key, ``rstd`` and the logits, and keeps no normalised
@@ -81,7 +86,7 @@ class _RMSLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, k, queries):
-        rstd = k.pow(2).mean(-1, keepdim=True).add_(1e-6).rsqrt_()
+        rstd = _rstd(k)
         logits = _product(k, queries).mul_(rstd)
         ctx.save_for_backward(k, queries, rstd, logits)
         return logits
@@ -110,7 +115,7 @@ def _depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool) -> torch.
         if not torch.jit.is_scripting():
             if not torch.compiler.is_compiling():
                 return _RMSLogits.apply(k, queries)
-        return _product(k, queries) * k.pow(2).mean(-1, keepdim=True).add(1e-6).rsqrt()
+        return _product(k, queries) * _rstd(k)
     return _product(k, queries)
 
 
