@@ -43,11 +43,15 @@ def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dic
     The weights are Eq. 1's softmax over the entries each read sees, recomputed from the entries the forward pass
     wrote (the model does not keep them).
     """
-    sublayers = [(f'{i}.{part}', getattr(layer, part)) for i, layer in enumerate(model.blocks)
-                 for part in ('attn', 'mlp')]
-    written = []
-    hooks = [block.register_forward_hook(lambda m, args, memory: written.append((memory.key, memory.value)))
-             for _, block in sublayers]
+    read_out = model.read_out
+    sublayers = []  # (name, read): a QIMIA layer holds two sublayers, each with its read; an AttnRes block two reads
+    for i, layer in enumerate(model.blocks):
+        for part, name in (('attn', 'read1'), ('mlp', 'read2')):
+            read = getattr(layer, name) if model.sublayer_values else getattr(layer, part).read
+            sublayers.append((f'{i}.{part}', read))
+    written = []  # the newest entry at each read after the first: what the sublayer before it wrote
+    hooks = [read.register_forward_pre_hook(lambda m, args: written.append((args[0].key, args[0].value)))
+             for read in [read for _, read in sublayers[1:]] + [read_out]]
     was_training = model.training
     try:
         model.eval()
@@ -57,27 +61,27 @@ def depth_attention_stats(model: VisionTransformerQimia, x: torch.Tensor) -> Dic
         model.train(was_training)
         for hook in hooks:
             hook.remove()
-    read_out = model.read_out
     entries = [(read_out.key(value if key is None else key), value) for key, value in stem]
     names = (['null'] if model.null_value is not None else []) + (['embed'] if model.sublayer_values else
                                                                    ['patch', 'pos'])
     columns = list(range(len(names)))  # the columns of the entries that a read sees
     reads = []  # (read, columns it sees, stored keys it sees)
     written_key = None  # the running summary's key, in block memory
-    for (name, block), entry in zip(sublayers, written):
-        merged = block.position > 0
-        reads.append((block.read if block.reads else None, columns + ([len(names) - 1] if merged else []),
+    for (name, read), entry in zip(sublayers, written):
+        merged = read.position > 0
+        reads.append((read if read.query is not None else None, columns + ([len(names) - 1] if merged else []),
                       [k for k, _ in entries] + ([written_key] if merged else [])))
         if merged:
             names[-1] = name  # the running summary, named by its newest member
         else:
             names.append(name)
         written_key = entry[0]
-        if block.commit:
+        if read.commit:
             entries.append(entry)
             columns = columns + [len(names) - 1]
-    reads.append((read_out, columns + ([len(names) - 1] if model.out_merge else []),
-                  [k for k, _ in entries] + ([written_key] if model.out_merge else [])))
+    out_merge = read_out.position > 0
+    reads.append((read_out, columns + ([len(names) - 1] if out_merge else []),
+                  [k for k, _ in entries] + ([written_key] if out_merge else [])))
     matrix = torch.full((len(reads), len(names)), math.nan)
     entropy, query_norm = [], []
     for row, (read, cols, keys) in enumerate(reads):

@@ -75,3 +75,43 @@ def test_the_distributions_that_carry_them_fit_the_package_indexs_file_limit(tar
         f'{built.name} is {built.stat().st_size / 1e6:.1f} MB, over the 100 MB the package index takes in one file: '
         'ship fewer weights in the package (host the others on the Hub, hf_hub_id in their cfg) or request a larger '
         'limit for the project before the release')
+
+
+def compiled_by_region(model):
+    for block in model.blocks:
+        block.compile()
+    return model
+
+
+def compiled_past_a_graph_break(model):
+    model.blocks[5].register_forward_hook(lambda module, args, out: torch._dynamo.graph_break())
+    return torch.compile(model)
+
+
+def exported(model, images):
+    return torch.export.export(model, (images,)).module()
+
+
+EXECUTION_MODES = {
+    'compiled_whole': lambda model, images: torch.compile(model, fullgraph=True),
+    'compiled_by_region': lambda model, images: compiled_by_region(model),
+    'compiled_past_a_graph_break': lambda model, images: compiled_past_a_graph_break(model),
+    'exported': exported,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', EXECUTION_MODES)
+@pytest.mark.parametrize('name', [name for name in SHIPPED if 'qimia' in name or 'attnres' in name])
+def test_depth_attention_weights_classify_the_sample_alike_in_every_execution_mode(name, mode, cifar10_sample):
+    """Compiled with inductor whole, by region (a block at a time, as PyTorch's regional compilation does) or past a
+    graph break, and exported: the eager logits within 1e-4, and as many images right."""
+    torch._dynamo.reset()
+    model = timm.create_model(name, pretrained=True).eval()
+    test = ImageDataset(str(cifar10_sample / 'test'), transform=create_transform(**resolve_data_config(model=model)))
+    images, labels = map(torch.stack, zip(*((image, torch.tensor(label)) for image, label in test)))
+    with torch.no_grad():
+        expected = model(images)
+        got = EXECUTION_MODES[mode](model, images)(images)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+    assert (got.argmax(-1) == labels).sum().item() == SHIPPED[name]

@@ -39,7 +39,13 @@ from torch import nn
 from torch.jit import Final
 
 from .._checks import check_choice, check_count, check_divisor, check_vit_arguments, fail
-from ..layers import DEPTH_KERNELS, DepthAttention, DepthMemory, PReLULinear, TokenBatchNorm
+from ..layers import (
+    DEPTH_KERNELS,
+    DepthAttention,
+    DepthMemory,
+    PReLULinear,
+    TokenBatchNorm,
+)
 from ..layers.hyperbf_attention import check_one_mask
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
@@ -48,7 +54,7 @@ try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf a
 except ImportError:  # older timm records none, for its own ViT neither
     update_model_input_size = None
 
-__all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn']
+__all__ = ['AttnResBlock', 'QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn']
 
 VALUE_NORMS = ('layernorm', 'batchnorm')
 GLOBAL_POOLS = ('', 'token', 'avg', 'avgmax', 'max', 'map', 'prr')  # timm's ViT's
@@ -59,37 +65,21 @@ NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
 
 
 class QimiaBlock(nn.Module):
-    """A sublayer: read the memory, transform, write one (key, value) entry (report Fig. 8-9).
+    """A QIMIA sublayer: read the memory, transform, write one (key, value) entry (report Fig. 8-9).
 
     Args:
-        read: Its interface to the memory: query and kernel (none where it takes the single entry written so far).
+        read: Its interface to the memory: query, kernel and place in a memory block.
         norm: The norm on what it reads.
-        body: The transform (timm's ``Attention``, the feed-forward block's Linear, or timm's ``Mlp``).
+        body: The transform (timm's ``Attention``, or the feed-forward block's Linear).
         key: The key path on the body's output; None: keys from values.
         value: The value path on the body's output.
-        position: Its place in its memory block: past the first, it merges its entry into the block's summary.
-        block_size: The memory block's size (1: every entry stays).
     """
-    reads: Final[bool]
     attends: Final[bool]
-    position: Final[int]
-    commit: Final[bool]
 
-    def __init__(
-            self,
-            read: DepthAttention,
-            norm: nn.Module,
-            body: nn.Module,
-            key: Optional[nn.Module],
-            value: nn.Module,
-            position: int = 0,
-            block_size: int = 1,
-    ) -> None:
+    def __init__(self, read: DepthAttention, norm: nn.Module, body: nn.Module, key: Optional[nn.Module],
+                 value: nn.Module) -> None:
         super().__init__()
-        self.reads = read.query is not None
         self.attends = isinstance(body, Attention)  # takes timm's attention mask
-        self.position = position
-        self.commit = position == block_size - 1
         self.read = read
         self.norm = norm
         self.body = body
@@ -104,16 +94,10 @@ class QimiaBlock(nn.Module):
     ) -> DepthMemory:
         """The memory with this sublayer's entry written; ``attn_mask`` and ``is_causal`` go to the token attention,
         as timm's ``Attention`` takes them (a read over depth is per token: it needs no mask)."""
-        if self.reads:
-            x, memory = self.read(memory, merge=self.position > 0)
-        else:
-            x = memory.value
+        x, memory = self.read(memory)
         x = self.norm(x)
         h = self.body(x, attn_mask=attn_mask, is_causal=is_causal) if self.attends else self.body(x)
-        key: Optional[torch.Tensor] = None
-        if self.key is not None:
-            key = self.key(h)
-        return self.read.write(memory, key, self.value(h), self.position, self.commit)
+        return self.read.write(memory, None if self.key is None else self.key(h), self.value(h))
 
 
 class QimiaLayer(nn.Module):
@@ -124,6 +108,10 @@ class QimiaLayer(nn.Module):
         self.attn = attn
         self.mlp = mlp
 
+    def memory_queries(self) -> List[torch.Tensor]:
+        """The queries of its reads, in reading order."""
+        return self.attn.read.memory_queries() + self.mlp.read.memory_queries()
+
     def forward(
             self,
             memory: DepthMemory,
@@ -132,15 +120,85 @@ class QimiaLayer(nn.Module):
     ) -> DepthMemory:
         return self.mlp(self.attn(memory, attn_mask=attn_mask, is_causal=is_causal))
 
-    def forward_flat(
+
+class AttnResBlock(nn.Module):
+    """timm's pre-norm ViT block whose residual adds are reads and writes of the depth memory (AttnRes Eq. 2-4):
+
+        x = read1(memory)    memory = write1(memory, ls1(attn(norm1(x))))
+        x = read2(memory)    memory = write2(memory, ls2(mlp(norm2(x))))
+
+    The sublayers carry timm's ``Block`` names. Keys come from the written values, or from a learned key path
+    (``key1``, ``key2``) on the sublayer's output; ``value_norm1``, ``value_norm2`` act on the written values.
+    """
+
+    def __init__(
             self,
-            *memory: Optional[torch.Tensor],
+            dim: int,
+            num_heads: int,
+            read1: DepthAttention,
+            read2: DepthAttention,
+            mlp_ratio: float = 4.,
+            qkv_bias: bool = True,
+            qk_norm: bool = False,
+            proj_drop: float = 0.,
+            attn_drop: float = 0.,
+            key_dim: Optional[int] = None,
+            batchnorm: bool = False,
+            device: torch.types.Device = None,
+            dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.read1 = read1
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
+        self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
+                              proj_drop=proj_drop, norm_layer=LayerNorm, **dd)
+        self.ls1 = nn.Identity()
+        self.key1 = PReLULinear(dim, key_dim, **dd) if key_dim else None
+        self.value_norm1 = TokenBatchNorm(dim, **dd) if batchnorm else nn.Identity()
+        self.read2 = read2
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
+        self.ls2 = nn.Identity()
+        self.key2 = PReLULinear(dim, key_dim, **dd) if key_dim else None
+        self.value_norm2 = TokenBatchNorm(dim, **dd) if batchnorm else nn.Identity()
+
+    def memory_queries(self) -> List[torch.Tensor]:
+        """The queries of its reads, in reading order."""
+        return self.read1.memory_queries() + self.read2.memory_queries()
+
+    def forward(
+            self,
+            memory: DepthMemory,
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
-    ) -> Tuple[Optional[torch.Tensor], ...]:
-        """:meth:`forward` on the memory as a flat tuple, for gradient checkpointing: reentrant checkpointing
-        (``timm.layers.set_reentrant_ckpt(True)``) tracks tensor arguments and results only."""
-        return tuple(self(DepthMemory(*memory), attn_mask=attn_mask, is_causal=is_causal))
+    ) -> DepthMemory:
+        x, memory = self.read1(memory)
+        h = self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal))
+        memory = self.read1.write(memory, None if self.key1 is None else self.key1(h), self.value_norm1(h))
+        x, memory = self.read2(memory)
+        h = self.ls2(self.mlp(self.norm2(x)))
+        return self.read2.write(memory, None if self.key2 is None else self.key2(h), self.value_norm2(h))
+
+
+def _flatten(memory: DepthMemory) -> Tuple[torch.Tensor, ...]:
+    """The memory as a flat tuple: reentrant gradient checkpointing (``timm.layers.set_reentrant_ckpt(True)``) tracks
+    no tensors in lists."""
+    return (memory.queries, memory.key, memory.value, *memory.values, *[t for read in memory.logits for t in read])
+
+
+def _unflatten(flat: Tuple[torch.Tensor, ...]) -> DepthMemory:
+    """The memory of a :func:`_flatten` tuple: ``L`` values, then ``L`` logits for each of ``R`` reads."""
+    queries, key, value, *rest = flat
+    num = len(rest) // (queries.shape[-1] + 1)
+    logits = [rest[num * (r + 1):num * (r + 2)] for r in range(queries.shape[-1])]
+    return DepthMemory(queries, rest[:num], logits, key, value)
+
+
+def _layer_flat(layer: nn.Module, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                *memory: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """``layer`` on a flat memory, for gradient checkpointing."""
+    return _flatten(layer(_unflatten(memory), attn_mask=attn_mask, is_causal=is_causal))
 
 
 def _check_arguments(args: Dict[str, Any]) -> None:
@@ -214,9 +272,6 @@ class VisionTransformerQimia(nn.Module):
     """
     dynamic_img_size: Final[bool]
     sublayer_values: Final[bool]
-    path_dropout: Final[bool]
-    out_merge: Final[bool]
-    sublayer_entries: Final[int]
 
     def __init__(
             self,
@@ -301,50 +356,49 @@ class VisionTransformerQimia(nn.Module):
         batchnorm = value_norm == 'batchnorm'
         read = partial(DepthAttention, key_dim, heads, kernel=depth_kernel,
                        key_norm='rms' if keys_from_values else 'l2' if key_norm else '', **dd)
-        self.read_out = read()
+        stem_entries = int(null_entry) + (1 if sublayer_values else 2)
+        num_sublayers = 2 * depth
+
+        def depth_read(index: int) -> DepthAttention:
+            """Sublayer ``index``'s read (2 per layer, ``num_sublayers`` the output read's); path dropout grows
+            linearly with depth, as drop path does; a read over a single entry is no read."""
+            path_drop = drop_path_rate * (index // 2) / max(depth - 1, 1) if index < num_sublayers else 0.
+            return read(path_drop=path_drop, query=index > 0 or stem_entries > 1,
+                        position=index % memory_block_size, block_size=memory_block_size)
+
+        self.read_out = depth_read(num_sublayers)  # merges an unfinished block
         self.patch_key = nn.Linear(embed_dim, key_dim, **dd) if learned_keys else None
         self.pos_key = nn.Linear(embed_dim, key_dim, **dd) if learned_keys and not sublayer_values else None
         self.patch_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm else nn.Identity()
         self.pos_value_norm = TokenBatchNorm(embed_dim, **dd) if batchnorm and not sublayer_values else nn.Identity()
         self.null_key = nn.Parameter(torch.empty(key_dim, **dd)) if null_entry else None
         self.null_value = nn.Parameter(torch.empty(embed_dim, **dd)) if null_entry else None
-        stem_entries = int(null_entry) + (1 if sublayer_values else 2)
 
-        def block(index: int, body: nn.Module, body_dim: int) -> QimiaBlock:
-            """Sublayer ``index`` (2 per layer): its read, norm, key and value paths around ``body``."""
-            norm = nn.LayerNorm(embed_dim, eps=1e-6, elementwise_affine=sublayer_values, **dd) \
-                if sublayer_values or not batchnorm else nn.Identity()
-            value = [] if sublayer_values else [PReLULinear(body_dim, embed_dim, **dd)]
-            value += [TokenBatchNorm(embed_dim, **dd)] if batchnorm else []
-            path_drop = drop_path_rate * (index // 2) / max(depth - 1, 1)  # grows linearly, as drop path
-            reads = index > 0 or stem_entries > 1  # a read over a single entry is no read
+        def qimia_sublayer(index: int, body: nn.Module, body_dim: int) -> QimiaBlock:
+            """Sublayer ``index``: its read, norm, key and value paths around ``body``."""
+            value = PReLULinear(body_dim, embed_dim, **dd)
             return QimiaBlock(
-                read(path_drop=path_drop, query=reads),
-                norm,
+                depth_read(index),
+                nn.Identity() if batchnorm else nn.LayerNorm(embed_dim, eps=1e-6, elementwise_affine=False, **dd),
                 body,
                 PReLULinear(body_dim, key_dim, **dd) if learned_keys else None,
-                value[0] if len(value) == 1 else nn.Sequential(*value) if value else nn.Identity(),
-                position=index % memory_block_size,
-                block_size=memory_block_size,
+                nn.Sequential(value, TokenBatchNorm(embed_dim, **dd)) if batchnorm else value,
             )
 
         hidden = int(embed_dim * mlp_ratio)
         self.blocks = nn.ModuleList([  # layers take and return the memory, so not a Sequential
-            QimiaLayer(
-                block(2 * i, Attention(embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                                       attn_drop=attn_drop_rate, proj_drop=proj_drop_rate,
-                                       norm_layer=LayerNorm, **dd), embed_dim),
-                block(2 * i + 1, Mlp(embed_dim, hidden, drop=proj_drop_rate, **dd), embed_dim) if sublayer_values
-                else block(2 * i + 1, nn.Sequential(nn.Linear(embed_dim, hidden, **dd), nn.Dropout(proj_drop_rate)),
-                           hidden),
+            AttnResBlock(embed_dim, num_heads, depth_read(2 * i), depth_read(2 * i + 1), mlp_ratio=mlp_ratio,
+                         qkv_bias=qkv_bias, qk_norm=qk_norm, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
+                         key_dim=key_dim if learned_keys else None, batchnorm=batchnorm, **dd)
+            if sublayer_values else QimiaLayer(
+                qimia_sublayer(2 * i, Attention(embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
+                                                attn_drop=attn_drop_rate, proj_drop=proj_drop_rate,
+                                                norm_layer=LayerNorm, **dd), embed_dim),
+                qimia_sublayer(2 * i + 1, nn.Sequential(nn.Linear(embed_dim, hidden, **dd),
+                                                        nn.Dropout(proj_drop_rate)), hidden),
             )
             for i in range(depth)
         ])
-        self.out_merge = (2 * depth) % memory_block_size > 0  # the output read merges an unfinished block
-        self.sublayer_entries = 2 * depth // memory_block_size  # the entries (summaries) the sublayers store
-        self.path_dropout = drop_path_rate > 0
-        self.depth_keep = [1. - b.read.path_drop for layer in self.blocks for b in (layer.attn, layer.mlp)
-                           if b.reads] + [1.]  # each read's path-dropout keep probability, the output read's last
         patch = self.patch_embed.patch_size
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch[0]) for i in range(depth)]
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6 if sublayer_values or batchnorm else 1e-12, **dd)
@@ -446,15 +500,13 @@ class VisionTransformerQimia(nn.Module):
 
     # --- forward ----------------------------------------------------------------------------------------------------
 
-    def depth_queries(self) -> torch.Tensor:
-        """Every read's query as the memory uses it, in reading order (the output read's last): ``(H, Dk', R)``."""
+    def depth_queries(self) -> List[torch.Tensor]:
+        """Every read's query as the memory uses it, ``(H, Dk', 1)`` each, in reading order (the output read's last)."""
         queries: List[torch.Tensor] = []
         for layer in self.blocks:
-            if layer.attn.reads:
-                queries.append(layer.attn.read.memory_query())
-            queries.append(layer.mlp.read.memory_query())
+            queries += layer.memory_queries()
         queries.append(self.read_out.memory_query())
-        return torch.cat(queries, dim=-1)
+        return queries
 
     def embed(self, x: torch.Tensor) -> List[Tuple[Optional[torch.Tensor], torch.Tensor]]:
         """Images to the stem's entries, ``(key, value)`` before the memory normalises the key (None: from the
@@ -486,16 +538,13 @@ class VisionTransformerQimia(nn.Module):
         return entries
 
     def init_memory(self, x: torch.Tensor) -> DepthMemory:
-        """The memory holding the stem's entries, for every read of the model."""
+        """The memory holding the stem's entries (expanded to the tokens' shape), for every read of the model."""
         entries = self.embed(x)
-        keep: Optional[torch.Tensor] = None
-        queries = self.depth_queries()
-        if self.training and self.path_dropout:
-            keep = torch.tensor(self.depth_keep, device=queries.device)
-        patch = entries[-1 if self.sublayer_values else -2][1]  # the one entry of every token and image
-        memory = self.read_out.start(queries, keep, patch, len(entries) + self.sublayer_entries)
+        read = self.read_out
+        memory = read.start(self.depth_queries())
+        shape = entries[-1 if self.sublayer_values else -2][1].shape  # the one entry of every token and image
         for key, value in entries:
-            memory = self.read_out.write(memory, key, value)
+            memory = read.store(memory, read.key(value if key is None else key), value.expand(shape))
         return memory
 
     def _forward_taken(
@@ -516,13 +565,13 @@ class VisionTransformerQimia(nn.Module):
         for i, layer in enumerate(self.blocks):
             if i <= last:
                 if self.grad_checkpointing and not torch.jit.is_scripting():
-                    flat = partial(layer.forward_flat, attn_mask=attn_mask, is_causal=is_causal)
-                    memory = DepthMemory(*checkpoint(flat, *memory))
+                    flat = checkpoint(partial(_layer_flat, layer, attn_mask, is_causal), *_flatten(memory))
+                    memory = _unflatten(flat)
                 else:
                     memory = layer(memory, attn_mask=attn_mask, is_causal=is_causal)
                 if i in taken:
                     intermediates.append(memory.value)
-        out, _ = self.read_out(memory, merge=self.out_merge)
+        out, _ = self.read_out(memory)
         return out, intermediates
 
     def forward_features(
@@ -647,6 +696,22 @@ class VisionTransformerQimia(nn.Module):
 
 
 
+_ATTNRES_NAMES = dict(read='read{}', norm='norm{}', key='key{}', value='value_norm{}')
+
+
+def _current_name(name: str, attnres: bool) -> str:
+    """A parameter's name in this release: timm_hbf 0.1 wrapped key and value paths in a Sequential (``key.0.``), and
+    up to 0.2 AttnRes's sublayers were QIMIA's (``blocks.N.attn.body.qkv`` is now ``blocks.N.attn.qkv``, as in timm's
+    ViT; ``.read``, ``.norm``, ``.key``, ``.value`` of the attention and feed-forward sublayers now end in 1 and 2)."""
+    name = re.sub(r'\.(key|value)\.0\.', r'.\1.', name)
+    match = re.match(r'(blocks\.\d+)\.(attn|mlp)\.(read|norm|body|key|value)\.(.*)', name) if attnres else None
+    if match is None:
+        return name
+    block, sublayer, part, rest = match.groups()
+    part = sublayer if part == 'body' else _ATTNRES_NAMES[part].format(1 if sublayer == 'attn' else 2)
+    return f'{block}.{part}.{rest}'
+
+
 def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTransformerQimia) -> Dict[str, torch.Tensor]:
     """A checkpoint for ``model``: the position embedding resampled to its grid, the patch embedding to its patch size,
     and the keys of timm_hbf 0.1 mapped: the key and value paths of one layer were wrapped in a Sequential
@@ -656,8 +721,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
     The checkpoint's grid is its pretrained cfg's image size over its patch size where that accounts for every
     position (so weights of a 8 x 8 grid resample to a model of 16 x 4), else square."""
     expected = model.state_dict()
-    state_dict = {k if k in expected else re.sub(r'\.(key|value)\.0\.', r'.\1.', k): v for k, v in state_dict.items()}
-    for name in ('blocks.0.attn.read.query', 'blocks.0.attn.read.kernel.log_gamma'):
+    state_dict = {k if k in expected else _current_name(k, model.sublayer_values): v for k, v in state_dict.items()}
+    for name in ('blocks.0.attn.read.query', 'blocks.0.attn.read.kernel.log_gamma', 'blocks.0.read1.query',
+                 'blocks.0.read1.kernel.log_gamma'):
         if name not in expected:
             state_dict.pop(name, None)
     if 'null_key' in expected and 'null_key' not in state_dict and 'null_value' in state_dict \
