@@ -71,20 +71,21 @@ DEFAULT_MODELS = ['vit_hyperbf_tiny', 'vit_hyperbf_nrbf_tiny', 'vit_qimia_tiny',
 DEFAULT_BATCH = (64, 1024)  # CPU, CUDA
 
 
-def mlp_hidden(body: torch.nn.Module) -> int:
-    """The hidden width of a QIMIA feed-forward block: timm's ``Mlp`` (AttnRes values) or its first Linear."""
-    return body.fc1.out_features if isinstance(body, Mlp) else body[0].out_features
+def mlp_hidden(mlp: torch.nn.Module) -> int:
+    """The hidden width of a feed-forward block: timm's ``Mlp``, QIMIA's (its first Linear) or HyperBF's."""
+    return mlp.fc1.out_features if isinstance(mlp, Mlp) else mlp[0].out_features if isinstance(
+        mlp, torch.nn.Sequential) else mlp.readout.in_features
 
 
 def dimensions(model: torch.nn.Module) -> dict:
     """What a same-size baseline shares with the candidate (for QIMIA: its token attention and feed-forward)."""
     block = model.blocks[0]
-    qimia = isinstance(model, VisionTransformerQimia)
+    qimia = isinstance(model, VisionTransformerQimia) and not model.sublayer_values
     attn = block.attn.body if qimia else block.attn
     height, width = model.patch_embed.img_size  # as built: --model-kwargs img_size=... included
     return dict(img_size=height if height == width else (height, width), patch_size=model.patch_embed.patch_size[0],
                 embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=attn.num_heads,
-                hidden=mlp_hidden(block.mlp.body) if qimia else block.mlp.readout.in_features,
+                hidden=mlp_hidden(block.mlp.body if qimia else block.mlp),
                 qkv_bias=attn.qkv.bias is not None, num_classes=model.num_classes,
                 in_chans=model.patch_embed.proj.in_channels)
 
@@ -141,8 +142,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def compiled(model: torch.nn.Module, backend: Optional[str]) -> torch.nn.Module:
-    return torch.compile(model, backend=backend) if backend else model
+def compiled(model: torch.nn.Module, backend: Optional[str], by_region: bool = False) -> torch.nn.Module:
+    """``model`` under ``torch.compile`` (with ``by_region``, each of its blocks on its own: regional compilation)."""
+    if not backend:
+        return model
+    if by_region:
+        for block in model.blocks:
+            block.compile(backend=backend)
+        return model
+    return torch.compile(model, backend=backend)
 
 
 def throughput(specs: Dict[str, dict], batch_size: int, train: bool, args) -> Dict[Tuple[str, str], List[float]]:
@@ -151,7 +159,8 @@ def throughput(specs: Dict[str, dict], batch_size: int, train: bool, args) -> Di
     for label, spec in specs.items():
         for execution, backend in executions(args):
             batch = torch.randn(batch_size, *spec['input_size'], device=args.device)
-            steps[label, execution] = make_step(compiled(build(spec, args.device), backend), batch, train, args.amp)
+            model = compiled(build(spec, args.device), backend, execution == 'by_region')
+            steps[label, execution] = make_step(model, batch, train, args.amp)
             for _ in range(args.warmup):
                 steps[label, execution]()
     rounds = {key: [] for key in steps}
@@ -185,16 +194,18 @@ def profile_table(step: Callable[[], None], args) -> str:
 
 
 def executions(args) -> List[Tuple[str, Optional[str]]]:
-    """(name, torch.compile backend): eager, and compiled with ``--compiled``."""
-    return [('eager', None)] + ([('compiled', args.compiled)] if args.compiled else [])
+    """(name, torch.compile backend): eager, compiled with ``--compiled``, and by region with ``--by-region``."""
+    return [('eager', None)] + ([('compiled', args.compiled)] if args.compiled else []) + \
+        ([('by_region', args.compiled or 'inductor')] if args.by_region else [])
 
 
-def fresh_process_step(spec: dict, batch_size: int, train: bool, backend: Optional[str], args) -> Tuple[float, float]:
+def fresh_process_step(spec: dict, batch_size: int, train: bool, backend: Optional[str], args,
+                       by_region: bool = False) -> Tuple[float, float]:
     """Peak memory of a step in MiB and the first step's seconds, measured in a fresh process (see the module
     docstring)."""
     cmd = [sys.executable, __file__, '--measure-memory', json.dumps(spec), '--batch-size', str(batch_size),
            '--device', args.device, *(['--train'] if train else []), *(['--amp'] if args.amp else []),
-           *(['--compiled', backend] if backend else [])]
+           *(['--compiled', backend] if backend else []), *(['--by-region'] if by_region else [])]
     with tempfile.TemporaryDirectory(prefix='inductor_cache_') as empty:
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
         if args.cold_compile:
@@ -215,7 +226,7 @@ def measure_memory_here(spec: dict, batch_size: int, train: bool, args) -> Tuple
     (gradients, activations, temporaries)."""
     model = build(spec, args.device)
     batch = torch.randn(batch_size, *spec['input_size'], device=args.device)
-    step = make_step(compiled(model, args.compiled), batch, train, args.amp)
+    step = make_step(compiled(model, args.compiled, args.by_region), batch, train, args.amp)
     sync(args.device)
     start = time.perf_counter()
     step()
@@ -321,7 +332,8 @@ def fresh_process_steps(
     jobs = [(label, mode == 'train', execution, backend) for label in specs for mode in args.modes
             for execution, backend in executions(args)]
     with ThreadPoolExecutor(max(1, min(len(jobs), (os.cpu_count() or 2) // 2))) as pool:
-        measured = pool.map(lambda job: fresh_process_step(specs[job[0]], batch_size, job[1], job[3], args), jobs)
+        measured = pool.map(lambda job: fresh_process_step(specs[job[0]], batch_size, job[1], job[3], args,
+                                                           job[2] == 'by_region'), jobs)
         return {job[:3]: result for job, result in zip(jobs, measured)}
 
 
@@ -423,6 +435,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
     parser.add_argument('--compiled', nargs='?', const='inductor', metavar='BACKEND',
                         help='also time every model under torch.compile (default backend: inductor)')
+    parser.add_argument('--by-region', action='store_true',
+                        help="also time every model with each block compiled on its own (PyTorch's regional "
+                             'compilation; the --compiled backend, default inductor)')
     parser.add_argument('--cold-compile', action='store_true',
                         help='time the first steps with empty compiler caches, as a first run (default: as the '
                              'timing left them, as a rerun)')
@@ -442,7 +457,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     unknown = [name for name in args.models if not timm.is_model(name)]
     if unknown and not args.attention:
         parser.error(f"--models {unknown[0]}: timm knows no such model (see timm.list_models(module=['vit_hyperbf', "
-                     "'vit_qimia']) for ours)")
+                     "'vit_qimia', 'vit_attnres']) for ours)")
     if any(not kv.partition('=')[0] or '=' not in kv for variant in args.variants for kv in variant.split(',')):
         parser.error(f'--variants takes KEY=VALUE[,KEY=VALUE] items, got {" ".join(args.variants)}')
     if args.json:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import timm
 import torch
-from script_checks import check_data, check_models, check_output, extract_archive
+from script_checks import OUR_MODULES, check_data, check_models, check_output, extract_archive
 from timm.data import ImageDataset, create_transform, resolve_data_config
 from timm.models import get_pretrained_cfg
 
@@ -36,9 +36,10 @@ GRID_PER_CLASS = 3  # images of every class in the picture
 
 
 def shipped_models() -> List[str]:
-    """Every timm-hbf model that has weights, by the full name (``architecture.tag``) of its default weights."""
-    return [f'{arch}.{get_pretrained_cfg(arch).tag}'
-            for arch in timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True, include_tags=False)]
+    """Every timm-hbf model with weights in the package, by the full name (``architecture.tag``) of its default
+    weights."""
+    archs = timm.list_models(module=OUR_MODULES, pretrained=True, include_tags=False)
+    return [f'{arch}.{get_pretrained_cfg(arch).tag}' for arch in archs if get_pretrained_cfg(arch).file]
 
 
 def test_folder(data: Path, stack: ExitStack) -> Path:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import timm
 from timm.models import get_arch_pretrained_cfgs, get_pretrained_cfg, parse_model_name, split_model_name_tag
 
-OUR_MODULES = ['vit_hyperbf', 'vit_qimia']  # the timm modules our models register in
+OUR_MODULES = ['vit_hyperbf', 'vit_qimia', 'vit_attnres']  # the timm modules our models register in
 ARCHIVE_ERRORS = (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error)  # what a damaged .tar.gz raises
 
 

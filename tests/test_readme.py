@@ -45,7 +45,7 @@ def test_the_quick_start_runs_with_ones_own_image_and_checkpoint(tmp_path, cifar
     assert not rest
     for family in ('vit_hyperbf', 'vit_qimia', 'vit_attnres'):
         assert f"'{family}_tiny'" in architectures, family
-    assert eval(shipped) == timm.list_models(module=['vit_hyperbf', 'vit_qimia'], pretrained=True)
+    assert eval(shipped) == timm.list_models(module=['vit_hyperbf', 'vit_qimia', 'vit_attnres'], pretrained=True)
     assert label in scope['model'].pretrained_cfg['label_names']
     features = scope['features'](torch.randn(1, 3, 32, 32))
     assert [f.shape for f in features] == [torch.Size([1, 192, 8, 8])] * 3

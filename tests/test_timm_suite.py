@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timm_suite]
 SDIST_VARIABLE = 'TIMM_HBF_TIMM_SDIST'  # a timm-VERSION.tar.gz, or a folder holding it
 
 # Model families: timm module name == model name prefix.
-FAMILIES = ['vit_hyperbf', 'vit_qimia']
+FAMILIES = ['vit_hyperbf', 'vit_qimia', 'vit_attnres']
 MODELS = [name for family in FAMILIES for name in timm.list_models(module=family)]
 
 # timm's fx tests, its intermediates tests and its prune contract check a model's code, which neither its width nor

@@ -29,7 +29,7 @@ from tests.helpers import ROOT, run_in
 
 pytestmark = pytest.mark.slow  # builds the wheel and installs it
 
-FAMILIES = ['vit_hyperbf', 'vit_qimia']  # timm's module names of our models
+FAMILIES = ['vit_hyperbf', 'vit_qimia', 'vit_attnres']  # timm's module names of our models
 MAX_WHEEL_BYTES = 60 * 10 ** 6
 SCRIPTS_VARIABLE = 'TIMM_HBF_TIMM_SCRIPTS'  # a folder holding timm's validate.py
 MIN_SAMPLE_TOP1 = 50.  # percent of the sample's 200 test images, far above chance (10 %)

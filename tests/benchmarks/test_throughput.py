@@ -91,6 +91,14 @@ def test_the_attention_layers_eager_and_compiled(bench):
 
 
 @pytest.mark.slow
+def test_by_region_times_every_model_with_each_block_compiled_on_its_own(bench):
+    rows = bench.main(['--models', 'vit_attnres_tiny', '--model-kwargs', 'depth=2', '--compiled', 'aot_eager',
+                       '--by-region', *TINY, '--modes', 'infer'])
+    for entry in rows[0]['models'].values():
+        assert len(entry['by_region']['rounds']) == 2 and entry['by_region']['peak_mib'] > 0
+
+
+@pytest.mark.slow
 def test_profile_prints_where_every_model_spends_its_steps(bench, capsys):
     """``--profile``: torch.profiler's table for every model and mode measured, naming the attention kernel that
     ran; ``--modes infer`` measures inference alone."""
@@ -119,20 +127,6 @@ def test_a_run_stopped_early_keeps_the_cases_it_measured(bench, tmp_path, monkey
     rows = json.loads(out.read_text())['results']
     assert [(r['case'], r['mode']) for r in rows] == [('8 tokens', 'infer')]
     assert '| 8 tokens | infer |' in (tmp_path / 'attention.md').read_text()
-
-
-@pytest.mark.parametrize('name', ['vit_qimia_tiny', 'vit_attnres_tiny', 'vit_attnres_block_tiny'])
-def test_ops_per_step_grow_by_a_fixed_count_per_layer_with_depth_attention(bench, name):
-    """A training step's operators: every two layers add as many (a memory block of Block AttnRes), however many
-    entries the reads see (a read is not a loop over entries), but for the few of the logits and their gradient's
-    buffer when they run out of room (as often as the number of entries doubles); timm's ViT for reference."""
-    ops = [bench.operators_per_step(dict(model_name=name, depth=depth, input_size=[3, 32, 32]))[0]
-           for depth in (2, 4, 6, 8)]
-    added = [more - fewer for fewer, more in zip(ops, ops[1:])]
-    assert min(added) > 0 and max(added) - min(added) <= 8
-    vit, _ = bench.operators_per_step(dict(model_name='vit_tiny_patch16_224', img_size=32, patch_size=4, depth=1,
-                                           input_size=[3, 32, 32]))
-    assert vit < ops[0]
 
 
 @pytest.mark.slow
@@ -177,8 +171,8 @@ def test_variants_must_be_key_value_pairs(bench, capsys, variant):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--models', 'nonexistent_model'], '--models nonexistent_model: timm knows no such model (see '
-                                        "timm.list_models(module=['vit_hyperbf', 'vit_qimia']) for ours)"),
+    (['--models', 'nonexistent_model'], '--models nonexistent_model: timm knows no such model (see timm.list_models('
+                                        "module=['vit_hyperbf', 'vit_qimia', 'vit_attnres']) for ours)"),
     (['--json', 'DIR'], '--json DIR: DIR is a folder: name a file'),
     (['--json', 'DIR/../speed.md'], '--json DIR/../speed.md: the table goes beside it as DIR/../speed.md, and would '
                                     'overwrite it: name a .json file'),

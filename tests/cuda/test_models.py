@@ -1,6 +1,6 @@
 """Both families on CUDA, at the model level: the same weights give the logits and gradients of the CPU in float32 and
-follow them under bf16 autocast; whole-graph ``torch.compile`` matches eager; a checkpoint trained on CUDA loads on
-the CPU with the same weights and logits."""
+follow them under bf16 autocast; ``torch.compile`` (whole, by region, past a graph break) matches eager; a checkpoint
+trained on CUDA loads on the CPU with the same weights and logits."""
 import copy
 from typing import List, Optional, Tuple
 
@@ -108,6 +108,31 @@ def test_whole_graph_compile_matches_eager(family):
     logits, grads = training_pass(compiled, x, y, bf16=True)
     assert relative_error(logits, expected_logits) < BF16_LOGITS_TOLERANCE
     assert_gradients_close(grads, expected_grads, BF16_GRADIENTS_TOLERANCE[family])
+
+
+@pytest.mark.parametrize('mode', ['by_region', 'past_a_graph_break'])
+@pytest.mark.parametrize('family', ['qimia', 'attnres'])
+def test_regional_compilation_and_a_graph_break_give_the_eager_model(family, mode):
+    """Each block compiled on its own, or the whole model with a graph break inside: the eager logits and gradients
+    in float32 (the depth memory passes between compiled and eager code unchanged)."""
+    torch._dynamo.reset()
+    model = make_model(family).to(DEVICE)
+    if mode == 'by_region':
+        compiled = copy.deepcopy(model)
+        for block in compiled.blocks:
+            block.compile(backend=COMPILE_BACKEND)
+    else:
+        compiled = copy.deepcopy(model)
+        compiled.blocks[1].register_forward_hook(lambda module, args, out: torch._dynamo.graph_break())
+        compiled = torch.compile(compiled, backend=COMPILE_BACKEND)
+    x, y = images()
+    assert relative_error(eval_logits(compiled, x), eval_logits(model, x)) < FLOAT32_TOLERANCE
+    torch.manual_seed(0)
+    logits, grads = training_pass(compiled, x, y)
+    torch.manual_seed(0)
+    expected_logits, expected_grads = training_pass(model, x, y)
+    assert relative_error(logits, expected_logits) < FLOAT32_TOLERANCE
+    assert_gradients_close(grads, expected_grads, FLOAT32_TOLERANCE)
 
 
 @pytest.mark.parametrize('family', FAMILIES)

@@ -31,7 +31,7 @@ def one_thread():
 
 def test_the_default_lists_every_model_of_ours(script):
     names = script.model_names()
-    assert names == timm.list_models(module=['vit_hyperbf', 'vit_qimia'])
+    assert names == timm.list_models(module=['vit_hyperbf', 'vit_qimia', 'vit_attnres'])
     assert set(timm.list_models('vit_hyperbf*')) | set(timm.list_models('vit_qimia*')) <= set(names)
 
 
@@ -126,7 +126,8 @@ def test_an_archive_without_the_split_is_named_not_the_folder_it_was_extracted_t
 
 @pytest.mark.parametrize('argv, message', [
     (['--models', 'nonexistent_model'],
-     "--models nonexistent_model: timm knows no such model (see timm.list_models(module=['vit_hyperbf', 'vit_qimia'])"),
+     "--models nonexistent_model: timm knows no such model (see timm.list_models(module="
+     "['vit_hyperbf', 'vit_qimia', 'vit_attnres'])"),
     (['--models', 'vit_hyperbf_tiny.bogus'], "--models vit_hyperbf_tiny.bogus: vit_hyperbf_tiny has no tag 'bogus'"),
     (['--limit', '0'], '--limit must be an integer >= 1, got 0'),
     (['--batch-size', '0'], '--batch-size must be an integer >= 1, got 0'),

@@ -108,7 +108,8 @@ def text_file(tmp_path) -> Path:
 
 @pytest.mark.parametrize('argv, message', [
     (['--model', 'nonexistent_model'],
-     "--model nonexistent_model: timm knows no such model (see timm.list_models(module=['vit_hyperbf', 'vit_qimia'])"),
+     "--model nonexistent_model: timm knows no such model (see timm.list_models(module="
+     "['vit_hyperbf', 'vit_qimia', 'vit_attnres'])"),
     (['--model', 'vit_hyperbf_tinyy'], '--model vit_hyperbf_tinyy: timm knows no such model (did you mean '
                                        'vit_hyperbf_tiny or '),
     (['--model', 'vit_hyperbf_tiny.bogus'], "--model vit_hyperbf_tiny.bogus: vit_hyperbf_tiny has no tag 'bogus' "

@@ -13,7 +13,6 @@ from timm_hbf.layers import (
     depth_logits,
     depth_read,
     depth_weights,
-    normalized_entropy,
 )
 
 
@@ -37,10 +36,11 @@ def placed(read, position, block_size):
 
 
 def store_all(read, memory_, keys, values, shape=(2, 3)):
-    """``memory_`` with the entries stored, each expanded to ``shape`` as the memory takes them."""
+    """``memory_`` with the entries stored, those shared by the batch or the tokens as they are, for tokens of
+    ``shape``."""
+    tokens = torch.empty(*shape, 1)
     for key, value in zip(keys, values):
-        value = value.expand(*shape, value.shape[-1])
-        memory_ = read.store(memory_, read.key(value if key is None else key), value)
+        memory_ = read.store(memory_, read.key(value if key is None else key), value, tokens)
     return memory_
 
 
@@ -51,7 +51,7 @@ def read_entries(read, keys, values, merge_last=False):
     shape = torch.broadcast_shapes(*(v.shape[:-1] for v in values))
     if merge_last:
         memory_ = store_all(read, memory_, keys[:-1], values[:-1], shape)
-        memory_ = placed(read, 0, 2).write(memory_, keys[-1], values[-1].expand(*shape, -1))
+        memory_ = placed(read, 0, 2).write(memory_, keys[-1], values[-1].expand(*shape, -1))  # not stored
         read = placed(read, 1, 2)
     else:
         memory_ = store_all(read, memory_, keys, values, shape)
@@ -123,13 +123,6 @@ def test_an_empty_batch_reads_nothing():
     assert read_entries(read_with_query(), keys, values).shape == (0, 3, 12)
 
 
-def test_weights_are_the_softmax_over_entries_in_float32_entries_last():
-    keys, _ = memory(dtype=torch.bfloat16, shared=True)
-    weights = depth_weights(read_with_query(dtype=torch.float32).memory_query(), keys)
-    assert weights.shape == (2, 3, 2, 1, 5) and weights.dtype == torch.float32
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 2, 1))
-
-
 @pytest.mark.parametrize('shared', [False, True])
 def test_a_read_merges_the_running_summary_as_one_more_entry(shared):
     keys, values = memory(shared=shared)
@@ -169,7 +162,7 @@ def chained_reads(reads, keys, values, merge=False):
             state = placed(read, 0, 2).write(state, keys[i + 1], value)
             read = placed(read, 1, 2)
         else:
-            state = read.store(state, read.key(keys[i + 1]), value)
+            state = read.store(state, read.key(keys[i + 1]), value, value)
         out, state = read(state)
         outputs.append(out)
     return outputs
@@ -412,20 +405,15 @@ def test_summaries_add_up_in_float32_under_autocast():
     torch.testing.assert_close(merged.key, (keys[1].float() + keys[2].float()) / 2, rtol=1e-6, atol=0)
 
 
-def test_normalized_entropy_is_one_for_uniform_and_zero_for_one_hot():
-    assert normalized_entropy(torch.full((2, 3, 4), .25)).item() == pytest.approx(1.)
-    one_hot = torch.zeros(2, 3, 4)
-    one_hot[..., 1] = 1.
-    assert normalized_entropy(one_hot).item() == pytest.approx(0., abs=1e-6)
-
-
 @pytest.mark.parametrize('kwargs, error, message', [
     (dict(key_dim=0), ValueError, r'key_dim must be an integer >= 1, got 0'),
     (dict(num_heads=3), ValueError, r'num_heads must be a divisor of key_dim \(8\), got 3'),
     (dict(kernel='gausian'), ValueError, r"kernel must be one of \('dot', 'gaussian'\), got 'gausian'"),
     (dict(key_norm='L2'), ValueError, r"key_norm must be one of \('', 'l2', 'rms'\), got 'L2'"),
     (dict(path_drop=1.), ValueError, r'path_drop must be a rate in \[0, 1\), got 1.0'),
-], ids=['no_key_width', 'heads_not_dividing_the_key', 'unknown_kernel', 'unknown_key_norm', 'path_drop_of_one'])
+    (dict(block_size=0), ValueError, r'block_size must be an integer >= 1, got 0'),
+], ids=['no_key_width', 'heads_not_dividing_the_key', 'unknown_kernel', 'unknown_key_norm', 'path_drop_of_one',
+        'empty_memory_block'])
 def test_a_bad_argument_is_rejected_with_its_name_its_value_and_what_is_allowed(kwargs, error, message):
     with pytest.raises(error, match=message):
         DepthAttention(**dict(dict(key_dim=8, num_heads=2), **kwargs))

@@ -342,8 +342,16 @@ def test_weights_of_another_size_name_the_entries_that_differ(shipped, tmp_path)
     assert message.startswith(f'{tmp_path}/w.safetensors does not fit {HYPERBF} as built: ')
     assert ' missing (blocks.1.norm1.weight, ' in message
     assert ' of another shape (cls_token (1, 1, 48) for (1, 1, 32), pos_embed (1, 17, 48) for (1, 17, 32), ' in message
-    assert message.endswith('. Create the model the weights were trained as, with the same model arguments (those of '
-                            'train.py --model and --model-kwargs).')
+    assert message.endswith('. The weights are 48 wide, the model 32: create the model of their width (embed_dim).')
+
+
+@pytest.mark.parametrize('kwargs, named', [
+    (dict(depth=3), 'The weights have 3 blocks, the model 2: create it with their depth.'),
+    (dict(init_values=1e-5), 'The weights have layer scale (ls1, ls2): create the model with init_values'),
+])
+def test_weights_of_another_depth_or_block_name_the_argument_that_fits_them(shipped, tmp_path, kwargs, named):
+    save_file(weights(HYPERBF, **dict(dict(depth=2), **kwargs)), tmp_path / 'w.safetensors')
+    assert named in load_error(tmp_path / 'w.safetensors', depth=2)
 
 
 @pytest.mark.parametrize('name', [HYPERBF, QIMIA])

@@ -17,9 +17,9 @@ from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
 from tests.helpers import compiled_matches_eager, legacy_checkpoint, saved_activation_bytes
-from timm_hbf.layers import DepthAttention, depth_weights, normalized_entropy
+from timm_hbf.layers import AttnResBlock, DepthAttention, depth_weights, normalized_entropy
 from timm_hbf.models._builder import CIFAR10_MEAN, CIFAR10_STD
-from timm_hbf.models.vit_qimia import AttnResBlock, VisionTransformerQimia, checkpoint_filter_fn
+from timm_hbf.models.vit_qimia import VisionTransformerQimia, checkpoint_filter_fn
 
 NAMES = [
     'vit_attnres_block_tiny', 'vit_attnres_block_tiny_patch16_224', 'vit_attnres_tiny', 'vit_attnres_tiny_patch16_224',
@@ -143,8 +143,8 @@ def reference_features(model: VisionTransformerQimia, x: torch.Tensor) -> tuple:
 # --- registry and configurations ------------------------------------------------------------------------------------
 
 def test_registered_names():
-    assert timm.list_models(module='vit_qimia') == NAMES
-    assert timm.list_models('vit_attnres*') == NAMES[:4]
+    assert timm.list_models(module='vit_qimia') == NAMES[4:]
+    assert set(NAMES[:4]) <= set(timm.list_models(module='vit_attnres')) == set(timm.list_models('vit_attnres*'))
     # which of them have weights, and which tag each loads by default: tests/models/test_shipped_weights.py
 
 
@@ -497,9 +497,30 @@ def test_option_passes_the_model_contract(option):
     features = timm.create_model('vit_qimia_tiny', depth=2, features_only=True, out_indices=(0, 1),
                                  **OPTIONS[option]).eval()
     assert [f.shape for f in features(x)] == [(2, 192, 8, 8)] * 2
+    final, _ = model.forward_intermediates(x, indices=[0], stop_early=True)
+    assert model.prune_intermediate_layers([0], prune_head=False) == [0]
+    with torch.no_grad():
+        torch.testing.assert_close(final, model.forward_features(x))  # stopped early: the pruned model's features
     assert model.prune_intermediate_layers([0]) == [0]
     assert len(model.blocks) == 1 and model.attn_pool is None
     assert model(x).shape[-1] == 192  # head pruned: unpooled tokens
+
+
+@pytest.mark.parametrize('block_size, kept', [(3, 1), (4, 2)], ids=['block-left-unfinished', 'blocks-finished'])
+@pytest.mark.parametrize('kwargs', [{}, ATTNRES], ids=['qimia', 'attnres'])
+def test_a_pruned_model_and_one_stopped_early_are_the_model_of_their_depth(kwargs, block_size, kept):
+    """``prune_intermediate_layers`` leaves the model that its layers make, and ``forward_intermediates`` stopped
+    early returns its features, also where the model's last memory block is another than theirs."""
+    model = small(depth=3, memory_block_size=block_size, **kwargs).eval()
+    randomize_queries(model)
+    shorter = small(depth=kept, memory_block_size=block_size, **kwargs).eval()
+    x = images()
+    with torch.no_grad():
+        final, _ = model.forward_intermediates(x, indices=[kept - 1], stop_early=True)
+        model.prune_intermediate_layers([kept - 1], prune_head=False)
+        shorter.load_state_dict(model.state_dict())
+        torch.testing.assert_close(model(x), shorter(x))
+        torch.testing.assert_close(final, shorter.forward_features(x))
 
 
 def test_null_entry_is_read_first():
@@ -755,13 +776,17 @@ def test_half_precision_models_run_on_the_cpu_close_to_float32(option, dtype, to
     (dict(class_token=False), ValueError, r"global_pool must be one of \('avg', .*, 'prr'\) without a class token"),
     (dict(keys_from_values=True, key_dim=64), ValueError, r'key_dim must be None or embed_dim \(192\)'),
     (dict(keys_from_values=True, key_norm=True), ValueError, 'key_norm must be False with keys_from_values'),
+    (dict(init_values=1e-5), ValueError, 'init_values must be None without sublayer_values'),
+    (dict(no_embed_class=True), ValueError, 'no_embed_class must be False without sublayer_values'),
+    (dict(pre_norm=True), ValueError, 'pre_norm must be False without sublayer_values'),
+    (dict(ATTNRES, init_values=0.), ValueError, 'init_values must be a finite number > 0, got 0.0'),
 ])
 def test_bad_arguments_raise_naming_the_argument_the_value_and_what_is_allowed(kwargs, error, message):
     with pytest.raises(error, match=message):
         small(**kwargs)
 
 
-@pytest.mark.parametrize('name', ['init_values', 'pos_embed', 'fc_norm', 'block_fn'])
+@pytest.mark.parametrize('name', ['pos_embed', 'fc_norm', 'block_fn'])
 def test_timm_vit_arguments_without_a_counterpart_are_refused(name):
     """Arguments of timm's VisionTransformer that the QIMIA family has no counterpart for (no residual branch to
     scale, the position embedding a memory entry, the blocks its own)."""
@@ -829,6 +854,32 @@ def test_checkpoints_of_timm_hbf_0_1_load_and_give_their_logits(case):
     model.load_state_dict(checkpoint_filter_fn(state_dict, model), strict=True)
     with torch.no_grad():
         torch.testing.assert_close(model(x), logits, rtol=0, atol=1e-5)
+
+
+def name_in_timm_hbf_0_2(name: str) -> str:
+    """How timm_hbf 0.2 named an AttnRes parameter: each sublayer as QIMIA's, its timm module under ``body``."""
+    parts = name.split('.')
+    if parts[0] != 'blocks' or parts[2] in ('attn', 'mlp'):
+        return '.'.join(parts[:2] + [parts[2], 'body'] + parts[3:]) if parts[0] == 'blocks' else name
+    sublayer = 'attn' if parts[2].endswith('1') else 'mlp'
+    part = {'read': 'read', 'norm': 'norm', 'key': 'key', 'value_norm': 'value'}[parts[2][:-1]]
+    return '.'.join(parts[:2] + [sublayer, part] + parts[3:])
+
+
+@pytest.mark.parametrize('name', ['vit_attnres_tiny', 'vit_attnres_block_tiny'])
+def test_checkpoints_of_timm_hbf_0_2_attnres_load_and_give_their_logits(name, tmp_path):
+    """A train.py checkpoint of 0.2 AttnRes, as ``pretrained_cfg_overlay=dict(file=...)`` takes it."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=2, value_norm='batchnorm', keys_from_values=False).eval()
+    randomize_queries(model)
+    old = {name_in_timm_hbf_0_2(k): v for k, v in model.state_dict().items()}
+    assert 'blocks.1.attn.body.qkv.weight' in old and 'blocks.1.mlp.value.norm.running_mean' in old
+    torch.save({'state_dict': old}, tmp_path / 'last.pth.tar')
+    loaded = timm.create_model(name, depth=2, value_norm='batchnorm', keys_from_values=False, pretrained=True,
+                               pretrained_cfg_overlay=dict(file=str(tmp_path / 'last.pth.tar'))).eval()
+    x = images()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
 
 
 def test_dynamic_img_size_on_square_and_non_square_grids():

@@ -1,24 +1,18 @@
 """Attention over depth: a sublayer's read of, and write to, a per-token memory of earlier outputs (QIMIA, Dugue 2023,
-report Eq. 1-2; Attention Residuals, Kimi Team 2026, Eq. 2-4, and Block AttnRes, Eq. 6).
+report Eq. 1-2; Attention Residuals, Kimi Team 2026, Eq. 2-4; Block AttnRes, Eq. 6).
 
-Every reading sublayer ``l`` owns a learned query ``q_l`` and reads, per token and head ``h``, the (key, value) entries
-that the stem and the earlier sublayers wrote, heads splitting keys and values into contiguous groups:
+Every reading sublayer ``l`` owns a learned query ``q_l`` and reads, per token and head ``h`` (heads split keys and
+values into contiguous groups), the (key, value) entries that the stem and the earlier sublayers wrote:
 
     A_l = sum_i softmax_i(s_{l,i}) v_{i,h}                                                   (Eq. 1)
     s_{l,i} = q_{l,h} . k_{i,h}   (dot kernel),   -gamma_{l,h} ||q_{l,h} - k_{i,h}||^2   (Gaussian kernel)
 
 The queries do not depend on the input, so an entry's logits for every later read are computed once, when it is
-stored (AttnRes's two-phase computation). The memory (:class:`DepthMemory`) is plain tensors and lists, the same in
-eager, compiled, exported and scripted code: the values by reference, and each read's logits. A read sums one product
-per entry, so the backward pass keeps the values, not a stacked copy per read (``O(L)`` memory). Logits and sums are
-float32 (or wider), also under autocast. Gaussian keys are stored as ``[k_h, ||k_h||^2]`` and queries used as
-``[2 gamma_h q_h, -gamma_h]``: one product gives the logit up to ``-gamma_h ||q_h||^2``, which the softmax cancels.
-
-Block memory: the entries of ``n`` consecutive sublayers add up into one summary (values summed; learned keys averaged,
-so that its logit is its members' mean; keys from values recomputed from the sum), stored when the block ends; a read
-inside a block takes the running summary as one more entry.
+stored. The memory (:class:`DepthMemory`) is plain tensors and lists, the same in eager, compiled, exported and
+scripted code; a read sums one product per entry, so the backward pass keeps the values, not a stacked copy per read.
+Logits and sums are float32 (or wider), also under autocast. Block memory sums the entries of ``n`` consecutive
+sublayers into one summary, stored when the block ends; a read inside a block takes the running summary too.
 """
-import math
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -30,18 +24,16 @@ from torch.jit import Final
 from .._checks import check_choice, check_count, check_divisor, check_rate
 from .hyperbf_kernel import HyperBFKernel, accumulation_dtype
 
-__all__ = ['DEPTH_KERNELS', 'DepthAttention', 'DepthMemory', 'depth_logits', 'depth_read', 'depth_weights',
-           'normalized_entropy']
+__all__ = ['DEPTH_KERNELS', 'DepthAttention', 'DepthMemory', 'depth_logits', 'depth_read']
 
 DEPTH_KERNELS = ('dot', 'gaussian')
 KEY_NORMS = ('', 'l2', 'rms')
 
 
 class DepthMemory(NamedTuple):
-    """The state of attention over depth between sublayers. ``R`` reads are still to come, the next one first; every
-    entry has the shape ``(..., D)`` (a shared one is expanded, a view)."""
+    """The state of attention over depth between sublayers, ``R`` reads to come."""
     queries: torch.Tensor  # (H, Dk', R) the queries of the reads to come, as DepthAttention.memory_query gives them
-    values: List[torch.Tensor]  # the stored entries' values, (..., D) each
+    values: List[torch.Tensor]  # the stored entries' values, (..., D) each, or shared by the batch or the tokens
     logits: List[List[torch.Tensor]]  # for each read to come, its logits (..., H) over the stored entries
     key: torch.Tensor  # the newest entry's stored key (..., H * Dk'), in block memory the running summary's
     value: torch.Tensor  # its value (..., D)
@@ -65,13 +57,12 @@ def depth_logits(key: torch.Tensor, queries: torch.Tensor, rms: bool = False) ->
     return _depth_logits(key, queries, rms)
 
 
-torch.fx.wrap('depth_logits')  # a leaf for torch.fx: it cannot take the autocast device from a traced tensor
+torch.fx.wrap('depth_logits')  # a leaf for torch.fx: no autocast device from a traced tensor
 
 
 def depth_read(logits: List[torch.Tensor], values: List[torch.Tensor], drop: float = 0.) -> torch.Tensor:
-    """Eq. 1 over ``L`` entries: ``sum_i softmax_i(s_i) v_i`` of logits ``(..., H)`` and values ``(..., H * Dv)`` ->
-    ``(..., H * Dv)``, in the logits' dtype (no autocast op is involved). ``drop``: dropout on the weights (the
-    report's path dropout; the normaliser stays)."""
+    """Eq. 1 over ``L`` entries: ``sum_i softmax_i(s_i) v_i`` of logits ``(..., H)`` and values ``(..., H * Dv)``, in
+    the logits' dtype (no autocast op is involved); ``drop``: dropout on the weights (the report's path dropout)."""
     weights = F.dropout(torch.stack(logits).softmax(0), drop)
     heads = weights.shape[-1]
     out = weights[0].unsqueeze(-1) * values[0].unflatten(-1, (heads, -1))
@@ -86,12 +77,10 @@ class DepthAttention(nn.Module):
     Args:
         key_dim: Key width (the query's), before the Gaussian kernel's extra channel per head.
         num_heads: Heads; they split the key and the value channels.
-        kernel: ``'dot'`` or ``'gaussian'`` (HyperBF widths per head from 1/2, so that the ``q . k`` term stays; zero
-            queries then weigh entries by ``exp(-gamma_h ||k_h||^2)``, uniform only for keys of equal norms).
+        kernel: ``'dot'`` or ``'gaussian'`` (HyperBF widths per head from 1/2: zero queries weigh by ``||k_h||``).
         key_norm: ``''``, ``'l2'`` (the report's) or ``'rms'`` (AttnRes's): the stored keys' norm, per head.
         path_drop: Dropout on the read's weights in training (the report's path dropout).
-        query: Whether the sublayer reads; one that would read a single entry takes it as it is. Zero queries (the
-            init) read the uniform average.
+        query: Whether it reads (else it takes the newest entry); zero queries (the init) read the uniform average.
         position: The sublayer's place in its memory block of ``block_size`` (1: every entry is stored).
     """
     num_heads: Final[int]
@@ -116,16 +105,14 @@ class DepthAttention(nn.Module):
             dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        check_count('key_dim', key_dim)
-        check_count('num_heads', num_heads)
+        for name, count in (('key_dim', key_dim), ('num_heads', num_heads), ('block_size', block_size)):
+            check_count(name, count)
         check_divisor('num_heads', num_heads, 'key_dim', key_dim)
         check_choice('kernel', kernel, DEPTH_KERNELS)
         check_choice('key_norm', key_norm, KEY_NORMS)
         check_rate('path_drop', path_drop)
-        check_count('block_size', block_size)
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
-        self.key_dim = key_dim
         self.key_norm = key_norm
         self.gaussian = kernel == 'gaussian'
         self.rms_logits = key_norm == 'rms' and not self.gaussian
@@ -141,8 +128,7 @@ class DepthAttention(nn.Module):
             nn.init.zeros_(self.query)
 
     def memory_query(self) -> torch.Tensor:
-        """The query as the memory uses it, ``(H, Dk', 1)`` (``[2 gamma_h q_h, -gamma_h]`` per head for the Gaussian
-        kernel)."""
+        """The query as the memory uses it, ``(H, Dk', 1)`` (Gaussian kernel: ``[2 gamma_h q_h, -gamma_h]``)."""
         query = self.query
         assert query is not None, 'a sublayer that does not read has no query'
         if self.kernel is not None:
@@ -174,20 +160,22 @@ class DepthAttention(nn.Module):
         empty = queries[0].new_zeros(0)
         return DepthMemory(torch.cat(queries, dim=-1), [], logits, empty, empty)
 
-    def store(self, memory: DepthMemory, key: torch.Tensor, value: torch.Tensor) -> DepthMemory:
-        """The memory with an entry stored: ``key`` as the memory stores it (:meth:`key`), ``value (..., D)``; the
-        entry's logits are computed for every read to come."""
+    def store(self, memory: DepthMemory, key: torch.Tensor, value: torch.Tensor,
+              tokens: Optional[torch.Tensor] = None) -> DepthMemory:
+        """The memory with an entry stored (``key`` as :meth:`key` gives it), with its logits for every read to come;
+        an entry shared by the batch or the tokens takes the shape of ``tokens (..., D)`` in the logits alone."""
         logits = depth_logits(key, memory.queries, self.rms_logits)  # (..., H, R)
-        logits = logits.expand(value.shape[:-1] + logits.shape[-2:])
+        if tokens is not None:
+            logits = logits.expand(tokens.shape[:-1] + logits.shape[-2:])
+        columns = logits.unbind(-1)  # one gradient for all of them in the backward pass, stacked
         reads: List[List[torch.Tensor]] = []
         for r, read in enumerate(memory.logits):
-            reads.append(read + [logits[..., r]])
+            reads.append(read + [columns[r]])
         return DepthMemory(memory.queries, memory.values + [value], reads, key, value)
 
     def write(self, memory: DepthMemory, key: Optional[torch.Tensor], value: torch.Tensor) -> DepthMemory:
-        """This sublayer's write (``key`` None: the key from the value, AttnRes). Past the first place of a memory
-        block, the entry merges into the block's running summary (values summed, learned keys averaged, keys from
-        values recomputed from the sum); the block's last sublayer stores the summary."""
+        """This sublayer's write (``key`` None: from the value). Past a memory block's first place the entry merges into
+        its running summary (values summed, learned keys averaged); the block's last sublayer stores the summary."""
         if key is not None:
             key = self.key(key)
         if self.position > 0:
@@ -202,9 +190,8 @@ class DepthAttention(nn.Module):
         return DepthMemory(memory.queries, memory.values, memory.logits, key, value)
 
     def forward(self, memory: DepthMemory) -> Tuple[torch.Tensor, DepthMemory]:
-        """The next read (Eq. 1) over the stored entries (and, past a memory block's first place, the running
-        summary), ``(..., D)`` in the query's dtype; and the memory without that read. A sublayer without a query
-        takes the newest entry."""
+        """The next read (Eq. 1) over the stored entries (past a memory block's first place, the running summary too)
+        in the query's dtype, and the memory without that read."""
         if self.query is None:
             return memory.value, memory
         queries, logits, values = memory.queries, memory.logits[0], memory.values
@@ -214,21 +201,3 @@ class DepthAttention(nn.Module):
         out = depth_read(logits, values, self.path_drop if self.training else 0.)
         rest = DepthMemory(queries[..., 1:], memory.values, memory.logits[1:], memory.key, memory.value)
         return out.to(queries.dtype), rest
-
-    def extra_repr(self) -> str:
-        return f'num_heads={self.num_heads}, key_norm={self.key_norm!r}, path_drop={self.path_drop}'
-
-
-def normalized_entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Entropy of attention weights over entries (the last dim), divided by ``log(L)``: 1 for a uniform average (what
-    a residual stream computes), 0 for a single entry. The report's entropy metric, averaged over all other dims."""
-    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1).mean()
-    num = weights.shape[-1]
-    return entropy / math.log(num) if num > 1 else torch.zeros_like(entropy)
-
-
-def depth_weights(queries: torch.Tensor, keys: List[torch.Tensor], rms: bool = False) -> torch.Tensor:
-    """Eq. 1's weights computed directly from stored ``keys`` for the queries ``(H, Dk', R)``: ``(..., H, R, L)``
-    (the reference for the memory's reads, and diagnostics)."""
-    logits = [depth_logits(k, queries, rms) for k in keys]
-    return torch.stack(torch.broadcast_tensors(*logits), -1).softmax(-1)

@@ -91,14 +91,8 @@ def build_vit(model_cls: Type[ModelT], variant: str, pretrained: bool, filter_fn
                                            ignored=() if head_kept else _names(cfg.classifier))
             if not mismatch:
                 return state_dict
-            if 'norm.weight' in state_dict and 'norm.weight' not in expected and 'fc_norm.weight' in expected:
-                fix = ("The weights norm the tokens before the pooling (norm), the model after it (fc_norm, timm's "
-                       "ViT default with global_pool 'avg', 'max' or 'avgmax'): pass fc_norm=False to pool the "
-                       "tokens as the weights were trained to.")
-            else:
-                fix = ('Create the model the weights were trained as, with the same model arguments (those of '
-                       'train.py --model and --model-kwargs).')
-            raise PretrainedWeightsError(f'{location} does not fit {variant} as built: {mismatch}. {fix}')
+            raise PretrainedWeightsError(f'{location} does not fit {variant} as built: {mismatch}. '
+                                         f'{_fix(state_dict, expected)}')
 
     model = build_model_with_cfg(
         model_cls, variant, pretrained, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay,
@@ -160,6 +154,36 @@ def state_dict_mismatch(expected: Dict[str, torch.Tensor], given: Dict[str, torc
               if k in given and k not in ignored | any_shape and given[k].shape != v.shape]
     return '; '.join(f'{len(names)} {what} ({some(names)})' for names, what in (
         (missing, 'missing'), (unexpected, 'unexpected'), (shapes, 'of another shape')) if names)
+
+
+def _fix(state_dict: Dict[str, Any], expected: Dict[str, Any]) -> str:
+    """How to build a model that weights of another architecture fit, where their names and shapes tell."""
+    def depth(names: Iterable[str]) -> int:
+        return len({name.split('.')[1] for name in names if name.startswith('blocks.') and '.query' not in name})
+
+    def has(names: Iterable[str], part: str) -> bool:
+        return any(part in name for name in names)
+
+    width = [sd['pos_embed'].shape[-1] for sd in (state_dict, expected) if 'pos_embed' in sd]
+    if len(width) == 2 and width[0] != width[1]:
+        return f'The weights are {width[0]} wide, the model {width[1]}: create the model of their width (embed_dim).'
+    if depth(state_dict) != depth(expected):
+        return f'The weights have {depth(state_dict)} blocks, the model {depth(expected)}: create it with their depth.'
+    if has(state_dict, '.ls1.') != has(expected, '.ls1.'):
+        return ('The weights have layer scale (ls1, ls2): create the model with init_values (DeiT III: '
+                'vit_attnres_deit3_*).' if has(state_dict, '.ls1.') else
+                'The weights have no layer scale: create the model without init_values.')
+    if has(state_dict, 'norm_pre.') != has(expected, 'norm_pre.'):
+        return f'Create the model with pre_norm={has(state_dict, "norm_pre.")}, as the weights were trained.'
+    if 'norm.weight' in state_dict and 'norm.weight' not in expected and 'fc_norm.weight' in expected:
+        return ("The weights norm the tokens before the pooling (norm), the model after it (fc_norm, timm's ViT "
+                "default with global_pool 'avg', 'max' or 'avgmax'): pass fc_norm=False to pool the tokens as the "
+                'weights were trained to.')
+    if 'fc_norm.weight' in state_dict and 'fc_norm.weight' not in expected:
+        return ("The weights norm the pooled tokens (fc_norm, timm's ViT with global_pool 'avg'), which this model "
+                'cannot: take weights of a ViT that norms its tokens before pooling (norm).')
+    return ('Create the model the weights were trained as, with the same model arguments (those of train.py --model '
+            'and --model-kwargs).')
 
 
 def _check_prefix_tokens(state_dict: Dict[str, Any], model: nn.Module, location: str, variant: str) -> None:

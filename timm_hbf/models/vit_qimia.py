@@ -11,8 +11,9 @@ learned-query attention over depth (report Eq. 1-2, :class:`~timm_hbf.layers.Dep
     output:    a last read over every entry, then LayerNorm, pooling and a linear head (timm's conventions)
 
 LN is LayerNorm without affine (report appendix). A layer of ``depth`` is an attention and a feed-forward block, as
-in a ViT, so ``depth`` 12 writes 24 entries. AttnRes is the same read with four differences, each a flag of
-:class:`VisionTransformerQimia` that works alone and all of which ``vit_attnres_*`` set (see ``_ATTNRES``).
+in a ViT, so ``depth`` 12 writes 24 entries. AttnRes is the same read with a few differences, each a flag of
+:class:`VisionTransformerQimia` that works alone (its layers :class:`AttnResBlock`, timm's ViT block, with
+``sublayer_values``); ``vit_attnres.py`` registers the AttnRes models.
 """
 import re
 from functools import partial
@@ -25,7 +26,6 @@ from timm.layers import (
     AttentionPoolLatent,
     AttentionPoolPrr,
     LayerNorm,
-    Mlp,
     PatchEmbed,
     global_pool_nlc,
     resample_abs_pos_embed,
@@ -38,9 +38,10 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import nn
 from torch.jit import Final
 
-from .._checks import check_choice, check_count, check_divisor, check_vit_arguments, fail
+from .._checks import check_choice, check_count, check_divisor, check_positive, check_vit_arguments, fail
 from ..layers import (
     DEPTH_KERNELS,
+    AttnResBlock,
     DepthAttention,
     DepthMemory,
     PReLULinear,
@@ -54,7 +55,8 @@ try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf a
 except ImportError:  # older timm records none, for its own ViT neither
     update_model_input_size = None
 
-__all__ = ['AttnResBlock', 'QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn']
+__all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn',
+           'create_vit_qimia']
 
 VALUE_NORMS = ('layernorm', 'batchnorm')
 GLOBAL_POOLS = ('', 'token', 'avg', 'avgmax', 'max', 'map', 'prr')  # timm's ViT's
@@ -65,15 +67,8 @@ NO_DECAY_PARAM_NAMES = ('query', 'log_gamma')
 
 
 class QimiaBlock(nn.Module):
-    """A QIMIA sublayer: read the memory, transform, write one (key, value) entry (report Fig. 8-9).
-
-    Args:
-        read: Its interface to the memory: query, kernel and place in a memory block.
-        norm: The norm on what it reads.
-        body: The transform (timm's ``Attention``, or the feed-forward block's Linear).
-        key: The key path on the body's output; None: keys from values.
-        value: The value path on the body's output.
-    """
+    """A QIMIA sublayer (report Fig. 8-9): ``x = read(memory)``, ``h = body(norm(x))`` (timm's ``Attention``, or the
+    feed-forward block's Linear), then the write of ``key(h)`` (None: keys from values) and ``value(h)``."""
     attends: Final[bool]
 
     def __init__(self, read: DepthAttention, norm: nn.Module, body: nn.Module, key: Optional[nn.Module],
@@ -121,66 +116,6 @@ class QimiaLayer(nn.Module):
         return self.mlp(self.attn(memory, attn_mask=attn_mask, is_causal=is_causal))
 
 
-class AttnResBlock(nn.Module):
-    """timm's pre-norm ViT block whose residual adds are reads and writes of the depth memory (AttnRes Eq. 2-4):
-
-        x = read1(memory)    memory = write1(memory, ls1(attn(norm1(x))))
-        x = read2(memory)    memory = write2(memory, ls2(mlp(norm2(x))))
-
-    The sublayers carry timm's ``Block`` names. Keys come from the written values, or from a learned key path
-    (``key1``, ``key2``) on the sublayer's output; ``value_norm1``, ``value_norm2`` act on the written values.
-    """
-
-    def __init__(
-            self,
-            dim: int,
-            num_heads: int,
-            read1: DepthAttention,
-            read2: DepthAttention,
-            mlp_ratio: float = 4.,
-            qkv_bias: bool = True,
-            qk_norm: bool = False,
-            proj_drop: float = 0.,
-            attn_drop: float = 0.,
-            key_dim: Optional[int] = None,
-            batchnorm: bool = False,
-            device: torch.types.Device = None,
-            dtype: Optional[torch.dtype] = None,
-    ) -> None:
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.read1 = read1
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop,
-                              proj_drop=proj_drop, norm_layer=LayerNorm, **dd)
-        self.ls1 = nn.Identity()
-        self.key1 = PReLULinear(dim, key_dim, **dd) if key_dim else None
-        self.value_norm1 = TokenBatchNorm(dim, **dd) if batchnorm else nn.Identity()
-        self.read2 = read2
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd)
-        self.ls2 = nn.Identity()
-        self.key2 = PReLULinear(dim, key_dim, **dd) if key_dim else None
-        self.value_norm2 = TokenBatchNorm(dim, **dd) if batchnorm else nn.Identity()
-
-    def memory_queries(self) -> List[torch.Tensor]:
-        """The queries of its reads, in reading order."""
-        return self.read1.memory_queries() + self.read2.memory_queries()
-
-    def forward(
-            self,
-            memory: DepthMemory,
-            attn_mask: Optional[torch.Tensor] = None,
-            is_causal: bool = False,
-    ) -> DepthMemory:
-        x, memory = self.read1(memory)
-        h = self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal))
-        memory = self.read1.write(memory, None if self.key1 is None else self.key1(h), self.value_norm1(h))
-        x, memory = self.read2(memory)
-        h = self.ls2(self.mlp(self.norm2(x)))
-        return self.read2.write(memory, None if self.key2 is None else self.key2(h), self.value_norm2(h))
-
-
 def _flatten(memory: DepthMemory) -> Tuple[torch.Tensor, ...]:
     """The memory as a flat tuple: reentrant gradient checkpointing (``timm.layers.set_reentrant_ckpt(True)``) tracks
     no tensors in lists."""
@@ -195,8 +130,7 @@ def _unflatten(flat: Tuple[torch.Tensor, ...]) -> DepthMemory:
     return DepthMemory(queries, rest[:num], logits, key, value)
 
 
-def _layer_flat(layer: nn.Module, attn_mask: Optional[torch.Tensor], is_causal: bool,
-                *memory: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+def _layer_flat(layer: nn.Module, attn_mask: Optional[torch.Tensor], is_causal: bool, *memory: torch.Tensor):
     """``layer`` on a flat memory, for gradient checkpointing."""
     return _flatten(layer(_unflatten(memory), attn_mask=attn_mask, is_causal=is_causal))
 
@@ -221,57 +155,48 @@ def _check_arguments(args: Dict[str, Any]) -> None:
         fail('key_dim', key_dim, f'None or embed_dim ({embed_dim}) with keys_from_values: the keys are the values')
     if args['keys_from_values'] and args['key_norm']:
         fail('key_norm', True, 'False with keys_from_values, whose keys are RMS-normalised already')
+    if args['init_values'] is not None:
+        check_positive('init_values', args['init_values'])
+    for name in ('no_embed_class', 'pre_norm', 'init_values'):
+        if args[name] and not args['sublayer_values']:
+            fail(name, args[name], f"{'None' if name == 'init_values' else 'False'} without sublayer_values (timm's "
+                 'ViT blocks): QIMIA has no residual branch to scale, and its position embedding is an entry')
 
 
 class VisionTransformerQimia(nn.Module):
     """Vision Transformer whose sublayers read a memory of all earlier outputs instead of a residual stream.
 
     Args:
-        img_size: Input image size.
-        patch_size: Patch size.
-        in_chans: Number of image channels.
-        num_classes: Number of classes of the head (0 for none).
-        global_pool: ``'token'`` (class token), ``'avg'``, ``'max'`` or ``'avgmax'`` (over the patch tokens),
-            ``'map'`` or ``'prr'`` (timm's attention pooling) or ``''`` (no pooling), as in timm's ViT.
-        embed_dim: Token (value) width.
-        depth: Number of layers (each an attention and a feed-forward block).
-        num_heads: Heads of the token attention.
-        mlp_ratio: Feed-forward hidden width, as a multiple of ``embed_dim``.
-        qkv_bias: Bias on the token attention's q, k, v projection.
-        qk_norm: LayerNorm on the token attention's queries and keys, per head, as in timm's ViT (its ``LayerNorm``,
-            eps 1e-6).
+        img_size, patch_size, in_chans, num_classes, embed_dim, num_heads, mlp_ratio, qkv_bias, qk_norm, class_token,
+        reg_tokens, dynamic_img_size, dynamic_img_pad, drop_rate, attn_drop_rate, proj_drop_rate: As in timm's ViT.
+        no_embed_class, pre_norm, init_values: As in timm's ViT (position embedding of the patches alone, LayerNorm
+            on the token embedding, layer scale), with ``sublayer_values``: AttnRes on timm ViT weights.
+        global_pool: timm's ViT's poolings: ``'token'``, ``'avg'``, ``'max'``, ``'avgmax'``, ``'map'``, ``'prr'``,
+            ``''``.
+        depth: Number of layers, each an attention and a feed-forward sublayer.
         key_dim: Width of the memory keys and queries (default ``embed_dim // 3``, the report found small keys train
             best; ``embed_dim`` with ``keys_from_values``).
-        depth_num_heads: Depth-attention heads (default ``key_dim // 8``, heads of 8 key channels as in the report's
-            runs); they split keys and values.
+        depth_num_heads: Depth-attention heads, splitting keys and values (default ``key_dim // 8``, as the report).
         depth_kernel: ``'dot'`` (report Eq. 1) or ``'gaussian'`` (the report's L2 attention, HyperBF kernel).
         key_norm: Unit-L2 keys per head (the report's key normalisation).
         keys_from_values: AttnRes's keys: every entry's key is its value, RMS-normalised per head.
-        sublayer_values: AttnRes's values: every sublayer is timm's pre-norm ``Attention`` or ``Mlp`` and writes its
-            output; the embedding (patch + position) is one entry.
-        value_norm: ``'layernorm'`` (LayerNorm on every read, the default) or ``'batchnorm'`` (BatchNorm on every
-            written value, and no LayerNorm on reads unless ``sublayer_values``).
+        sublayer_values: AttnRes's values: timm's ViT blocks (:class:`AttnResBlock`) whose sublayers write their
+            outputs; the token embedding (patch + position) is one entry, which the first sublayer takes as it is.
+        value_norm: ``'layernorm'`` (LayerNorm on every read) or ``'batchnorm'`` (BatchNorm on every written value,
+            and no LayerNorm on reads unless ``sublayer_values``).
         null_entry: A learned (key, value) entry that every read can attend to, to read (almost) nothing.
         memory_block_size: Block memory (Block AttnRes): the entries of every ``memory_block_size`` consecutive
-            sublayers (attention and feed-forward blocks count separately) are merged into one summary, values
-            summed, so that reads attend over the stem's entries, the finished summaries and the current one. 1
-            keeps every entry.
-        class_token: Prepend a class token.
-        reg_tokens: Register tokens (Darcet et al., 2024) after the class token, as in timm's ViT: learned tokens
-            with positions of their own, in every token attention and left out of pooling and features.
-        dynamic_img_size: Accept any input size, resampling the position embedding on the fly.
-        dynamic_img_pad: Pad inputs whose size is not a multiple of the patch size.
-        drop_rate: Dropout before the head.
-        pos_drop_rate: Dropout on the patch-embedding entry with its class and register tokens (with
-            ``sublayer_values``, on the token embedding: those plus the position embedding).
-        proj_drop_rate: Dropout after the token attention and the feed-forward hidden layer.
-        attn_drop_rate: Dropout on the token-attention weights.
+            sublayers merge into one summary, values summed; reads attend over the stem's entries, the finished
+            summaries and the current one. 1 keeps every entry.
+        pos_drop_rate: Dropout on the patch-embedding entry with its class and register tokens (the token embedding
+            with ``sublayer_values``).
         drop_path_rate: Path dropout: dropout on the depth-attention weights (report §6), growing linearly to this
             rate in the last layer.
         weight_init: ``''`` for the ViT init (queries zero), ``'skip'`` to leave parameters uninitialised.
     """
     dynamic_img_size: Final[bool]
     sublayer_values: Final[bool]
+    no_embed_class: Final[bool]
 
     def __init__(
             self,
@@ -297,6 +222,9 @@ class VisionTransformerQimia(nn.Module):
             memory_block_size: int = 1,
             class_token: bool = True,
             reg_tokens: int = 0,
+            no_embed_class: bool = False,
+            pre_norm: bool = False,
+            init_values: Optional[float] = None,
             dynamic_img_size: bool = False,
             dynamic_img_pad: bool = False,
             drop_rate: float = 0.,
@@ -324,8 +252,10 @@ class VisionTransformerQimia(nn.Module):
         self.num_reg_tokens = reg_tokens
         self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
         self.has_class_token = class_token
+        self.no_embed_class = no_embed_class
         self.dynamic_img_size = dynamic_img_size
         self.sublayer_values = sublayer_values
+        self.memory_block_size = memory_block_size
         self.grad_checkpointing = False
 
         # the stem: the patch and the position embeddings (or their sum, the token embedding), entries of the memory
@@ -342,16 +272,12 @@ class VisionTransformerQimia(nn.Module):
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.empty(1, 1, embed_dim, **dd)) if class_token else None
         self.reg_token = nn.Parameter(torch.empty(1, reg_tokens, embed_dim, **dd)) if reg_tokens else None
-        self.pos_embed = nn.Parameter(torch.empty(1, num_patches + self.num_prefix_tokens, embed_dim, **dd))
+        num_positions = num_patches + (0 if no_embed_class else self.num_prefix_tokens)
+        self.pos_embed = nn.Parameter(torch.empty(1, num_positions, embed_dim, **dd))
         self.pos_drop = nn.Dropout(p=pos_drop_rate)
+        self.norm_pre = nn.LayerNorm(embed_dim, eps=1e-6, **dd) if pre_norm else nn.Identity()
 
-        # AttnRes's four differences from QIMIA:
-        #   keys_from_values      no key paths: a key is its value, RMS-normalised per head (and the null entry's
-        #                         key a learned one, as in QIMIA, since a normalised zero has no gradient to give)
-        #   sublayer_values       a value is its sublayer's output (timm's pre-norm Attention or Mlp), and the stem
-        #                         one entry, the token embedding, which the first sublayer takes as it is
-        #   depth_num_heads=1     one query per sublayer
-        #   memory_block_size=n   Block AttnRes: the entries of n consecutive sublayers add up into one summary
+        # AttnRes: keys_from_values, sublayer_values (AttnResBlock, the token embedding one entry), one depth head
         learned_keys = not keys_from_values
         batchnorm = value_norm == 'batchnorm'
         read = partial(DepthAttention, key_dim, heads, kernel=depth_kernel,
@@ -389,7 +315,7 @@ class VisionTransformerQimia(nn.Module):
         self.blocks = nn.ModuleList([  # layers take and return the memory, so not a Sequential
             AttnResBlock(embed_dim, num_heads, depth_read(2 * i), depth_read(2 * i + 1), mlp_ratio=mlp_ratio,
                          qkv_bias=qkv_bias, qk_norm=qk_norm, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
-                         key_dim=key_dim if learned_keys else None, batchnorm=batchnorm, **dd)
+                         init_values=init_values, key_dim=key_dim if learned_keys else None, batchnorm=batchnorm, **dd)
             if sublayer_values else QimiaLayer(
                 qimia_sublayer(2 * i, Attention(embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
                                                 attn_drop=attn_drop_rate, proj_drop=proj_drop_rate,
@@ -407,6 +333,7 @@ class VisionTransformerQimia(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.init_weights(weight_init)
+        self.register_load_state_dict_pre_hook(_zero_queries)
 
     def _attention_pool(self, kind: str) -> nn.Module:
         """timm's attention pooling ``kind``, as timm's ViT builds it: ``'map'``, attention with a learned latent
@@ -446,7 +373,8 @@ class VisionTransformerQimia(nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict:
         return dict(
-            stem=r'^cls_token|reg_token|pos_embed|patch_embed|patch_key|pos_key|patch_value_norm|pos_value_norm|null_',
+            stem=r'^cls_token|reg_token|pos_embed|patch_embed|norm_pre|patch_key|pos_key|patch_value_norm|pos_value_norm'
+                 r'|null_',
             blocks=[(r'^blocks\.(\d+)', None), (r'^read_out|^norm', (99999,))],
         )
 
@@ -490,7 +418,7 @@ class VisionTransformerQimia(nn.Module):
                 self.pos_embed.detach(),
                 new_size=list(self.patch_embed.grid_size),
                 old_size=list(prev_grid),
-                num_prefix_tokens=self.num_prefix_tokens,
+                num_prefix_tokens=self._embedded_prefix(),
                 verbose=True,
             ), requires_grad=requires_grad)
         for info in self.feature_info:
@@ -499,6 +427,10 @@ class VisionTransformerQimia(nn.Module):
             update_model_input_size(self, self.patch_embed.img_size, patch_size=patch_size)
 
     # --- forward ----------------------------------------------------------------------------------------------------
+
+    def _embedded_prefix(self) -> int:
+        """The prefix tokens that the position embedding has positions for."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
 
     def depth_queries(self) -> List[torch.Tensor]:
         """Every read's query as the memory uses it, ``(H, Dk', 1)`` each, in reading order (the output read's last)."""
@@ -517,8 +449,10 @@ class VisionTransformerQimia(nn.Module):
         if self.dynamic_img_size:
             B, H, W, C = tokens.shape
             pos_embed = resample_abs_pos_embed(pos_embed, new_size=[H, W], old_size=self.patch_embed.grid_size,
-                                               num_prefix_tokens=self.num_prefix_tokens)
+                                               num_prefix_tokens=self._embedded_prefix())
             tokens = tokens.view(B, -1, C)
+        if self.no_embed_class:  # positions for the patches alone, as timm's ViT
+            tokens = tokens + pos_embed
         prefix: List[torch.Tensor] = []  # in the tokens' dtype, so that the entry's dtype does not depend on them
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype))
@@ -526,9 +460,9 @@ class VisionTransformerQimia(nn.Module):
             prefix.append(self.reg_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype))
         if len(prefix) > 0:
             tokens = torch.cat(prefix + [tokens], dim=1)
-        if self.sublayer_values:
+        if self.sublayer_values and not self.no_embed_class:
             tokens = tokens + pos_embed
-        tokens = self.pos_drop(tokens)
+        tokens = self.norm_pre(self.pos_drop(tokens))
         entries: List[Tuple[Optional[torch.Tensor], torch.Tensor]] = []
         if self.null_key is not None and self.null_value is not None:
             entries.append((self.null_key, self.null_value))
@@ -538,14 +472,27 @@ class VisionTransformerQimia(nn.Module):
         return entries
 
     def init_memory(self, x: torch.Tensor) -> DepthMemory:
-        """The memory holding the stem's entries (expanded to the tokens' shape), for every read of the model."""
+        """The memory holding the stem's entries, for every read of the model."""
         entries = self.embed(x)
         read = self.read_out
         memory = read.start(self.depth_queries())
-        shape = entries[-1 if self.sublayer_values else -2][1].shape  # the one entry of every token and image
+        tokens = entries[-1 if self.sublayer_values else -2][1]  # the one entry of every token and image
         for key, value in entries:
-            memory = read.store(memory, read.key(value if key is None else key), value.expand(shape))
+            memory = read.store(memory, read.key(value if key is None else key), value, tokens)
         return memory
+
+    def _stopped_early(self, memory: DepthMemory, last: int) -> DepthMemory:
+        """The memory after layer ``last`` as the output read of a model of ``last + 1`` layers sees it: the output
+        read's logits alone, and a memory block that those layers leave unfinished as a running summary where the
+        output read merges one, else stored."""
+        queries, values, logits = memory.queries[..., -1:], memory.values, memory.logits[-1:]
+        unfinished = 2 * (last + 1) % self.memory_block_size > 0
+        if unfinished and self.read_out.position == 0:
+            return self.read_out.store(DepthMemory(queries, values, logits, memory.key, memory.value), memory.key,
+                                       memory.value)
+        if not unfinished and self.read_out.position > 0:  # the newest entry, as the summary it merges
+            return DepthMemory(queries, values[:-1], [logits[0][:-1]], memory.key, memory.value)
+        return DepthMemory(queries, values, logits, memory.key, memory.value)
 
     def _forward_taken(
             self,
@@ -571,6 +518,8 @@ class VisionTransformerQimia(nn.Module):
                     memory = layer(memory, attn_mask=attn_mask, is_causal=is_causal)
                 if i in taken:
                     intermediates.append(memory.value)
+        if last < len(self.blocks) - 1:
+            memory = self._stopped_early(memory, last)
         out, _ = self.read_out(memory)
         return out, intermediates
 
@@ -617,23 +566,9 @@ class VisionTransformerQimia(nn.Module):
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]], Dict[str, Any]]:
-        """Layer outputs (the values their feed-forward blocks wrote) along with (or instead of) the final features.
-
-        Args:
-            x: Images ``(B, C, H, W)``.
-            indices: Last ``n`` layers if int, all if None, else the listed layer indices.
-            return_prefix_tokens: Return ``(spatial, prefix)`` pairs instead of spatial tokens alone.
-            norm: Apply the final norm to each intermediate.
-            stop_early: Stop after the last layer that is asked for.
-            output_fmt: ``'NCHW'`` feature maps or ``'NLC'`` token sequences.
-            intermediates_only: Return only the intermediates.
-            output_dict: Return a dict, as timm's ViT does: ``image_intermediates``, ``image_intermediates_prefix``
-                (with ``return_prefix_tokens``) and ``image_features`` (unless ``intermediates_only``).
-            attn_mask: Mask of the token attention (boolean, True to attend, or added to the logits), ``(N, N)`` or
-                broadcastable to ``(B, heads, N, N)``, as timm's ``Attention`` takes it.
-            is_causal: Causal token attention (refused together with ``attn_mask``, as in the HyperBF family: fold
-                the causal mask into ``attn_mask`` to combine them).
-        """
+        """Layer outputs (the values their feed-forward sublayers wrote) along with (or instead of) the final
+        features, with the arguments and results of timm's ViT (``indices``, ``norm``, ``stop_early``, ``output_fmt``
+        ``'NCHW'`` or ``'NLC'``, ``output_dict``, ...); ``attn_mask`` and ``is_causal`` (not both) as ``forward``."""
         if output_fmt not in ('NCHW', 'NLC'):
             fail('output_fmt', output_fmt, "'NCHW' or 'NLC'")
         taken, max_index = feature_take_indices(len(self.blocks), indices)
@@ -688,12 +623,21 @@ class VisionTransformerQimia(nn.Module):
         taken, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[:max_index + 1]
         self.feature_info = self.feature_info[:max_index + 1]
+        self.read_out.position = 2 * len(self.blocks) % self.memory_block_size  # merges an unfinished block
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
             self.reset_classifier(0, '')
         return taken
 
+
+def _zero_queries(model: VisionTransformerQimia, state_dict: Dict[str, Any], prefix: str = '', *args: Any) -> None:
+    """A timm ViT's weights (no queries at all) for AttnRes: zero queries added, reads that start uniform. A load
+    pre-hook, so that ``load_state_dict`` and timm's ``load_checkpoint`` take them too."""
+    if model.sublayer_values and f'{prefix}blocks.0.norm1.weight' in state_dict \
+            and not any(k.startswith(prefix) and k.endswith('.query') for k in state_dict):
+        queries = {prefix + k: torch.zeros_like(p) for k, p in model.named_parameters() if k.endswith('.query')}
+        state_dict.update(queries)
 
 
 _ATTNRES_NAMES = dict(read='read{}', norm='norm{}', key='key{}', value='value_norm{}')
@@ -718,8 +662,10 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
     (``key.0.``), a first read over a single entry had a query (which no weights could train: dropped), and the null
     entry under ``keys_from_values`` had the normalised null value as its key (now a learned key, set to that value).
 
-    The checkpoint's grid is its pretrained cfg's image size over its patch size where that accounts for every
-    position (so weights of a 8 x 8 grid resample to a model of 16 x 4), else square."""
+    A timm ``VisionTransformer``'s weights load into AttnRes with zero queries: every read the uniform average of its
+    entries, the residual stream over their count, whose scale the LayerNorm after it removes, so that the model
+    computes the ViT's function. The checkpoint's grid is its pretrained cfg's image size over its patch size where
+    that accounts for every position (so weights of a 8 x 8 grid resample to a model of 16 x 4), else square."""
     expected = model.state_dict()
     state_dict = {k if k in expected else _current_name(k, model.sublayer_values): v for k, v in state_dict.items()}
     for name in ('blocks.0.attn.read.query', 'blocks.0.attn.read.kernel.log_gamma', 'blocks.0.read1.query',
@@ -729,6 +675,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
     if 'null_key' in expected and 'null_key' not in state_dict and 'null_value' in state_dict \
             and model.patch_key is None:
         state_dict['null_key'] = state_dict['null_value']
+    _zero_queries(model, state_dict)
     pos_embed, patch = state_dict.get('pos_embed'), state_dict.get('patch_embed.proj.weight')
     grid = tuple(model.patch_embed.grid_size)
     if pos_embed is not None:
@@ -736,28 +683,27 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
         trained_size = (getattr(model, 'pretrained_cfg', None) or {}).get('input_size')
         if trained_size is not None and patch is not None and patch.ndim == 4:
             old_grid = tuple(size // step for size, step in zip(trained_size[-2:], patch.shape[-2:]))
-            if old_grid[0] * old_grid[1] != pos_embed.shape[1] - model.num_prefix_tokens:
+            if old_grid[0] * old_grid[1] != pos_embed.shape[1] - model._embedded_prefix():
                 old_grid = None
         if pos_embed.shape != model.pos_embed.shape or old_grid not in (None, grid):
             state_dict['pos_embed'] = resample_abs_pos_embed(
                 pos_embed, new_size=list(grid), old_size=old_grid and list(old_grid),
-                num_prefix_tokens=model.num_prefix_tokens, verbose=True)
+                num_prefix_tokens=model._embedded_prefix(), verbose=True)
     if patch is not None and patch.shape[-2:] != model.patch_embed.proj.weight.shape[-2:]:
         state_dict['patch_embed.proj.weight'] = resample_patch_embed(patch, list(model.patch_embed.patch_size),
                                                                      verbose=True)
     return state_dict
 
 
-def _create_vit_qimia(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
-    return build_vit(VisionTransformerQimia, variant, pretrained, checkpoint_filter_fn, **kwargs)
+def create_vit_qimia(variant: str, pretrained: bool, model_args: Dict[str, Any], **kwargs) -> VisionTransformerQimia:
+    """``variant`` built from ``model_args`` and a user's ``kwargs``, with its pretrained weights."""
+    return build_vit(VisionTransformerQimia, variant, pretrained, checkpoint_filter_fn, **dict(model_args, **kwargs))
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:
     return vit_cfg(**{'paper_name': 'Query Integrated Memory Interfacing Attention (SURF Final Report, 2023)',
                       **kwargs})
 
-
-ATTNRES = dict(paper_name='Attention Residuals (Kimi Team, 2026)', paper_ids='arXiv:2603.15031')
 
 # The first tag of a model is its default; .untrained tags are architectures without weights.
 default_cfgs = generate_default_cfgs({
@@ -769,45 +715,30 @@ default_cfgs = generate_default_cfgs({
     'vit_qimia_tiny_patch16_224.untrained': _cfg(),
     'vit_qimia_small_patch16_224.untrained': _cfg(),
     'vit_qimia_base_patch16_224.untrained': _cfg(),
-    'vit_attnres_tiny.cifar10_30ep': _cfg(cifar10=True, **cifar10_weights('vit_attnres_tiny.cifar10_30ep'), **ATTNRES),
-    'vit_attnres_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
-    'vit_attnres_block_tiny.cifar10_short': _cfg(
-        cifar10=True, **cifar10_weights('vit_attnres_block_tiny.cifar10_short'), **ATTNRES),
-    'vit_attnres_block_tiny.untrained': _cfg(cifar10=True, **ATTNRES),
-    'vit_attnres_tiny_patch16_224.untrained': _cfg(**ATTNRES),
-    'vit_attnres_block_tiny_patch16_224.untrained': _cfg(**ATTNRES),
 })
 
 # ViT-Ti/S/B widths; keys a third of the width (the default), depth heads of 8 key channels
 _TINY = dict(embed_dim=192, depth=12, num_heads=3)
 _SMALL = dict(embed_dim=384, depth=12, num_heads=6)
 _BASE = dict(embed_dim=768, depth=12, num_heads=12)
-# Attention Residuals: all four differences from QIMIA
-_ATTNRES = dict(keys_from_values=True, sublayer_values=True, depth_num_heads=1)
-# Block AttnRes: blocks of two layers (4 sublayers), 6 blocks over vit_attnres_tiny's 24 sublayers: AttnRes's
-# implementation puts block boundaries between layers, and about 8 blocks recover most of Full AttnRes's gain
-_BLOCK = dict(_ATTNRES, memory_block_size=4)
 
 
 @register_model
 def vit_qimia_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
     """QIMIA ViT-Ti (192 wide, 12 layers, 3 heads, keys 64 wide in 8 depth heads), patch 4 at 32 x 32."""
-    model_args = dict(patch_size=4, **_TINY)
-    return _create_vit_qimia('vit_qimia_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_qimia('vit_qimia_tiny', pretrained, dict(patch_size=4, **_TINY), **kwargs)
 
 
 @register_model
 def vit_qimia_small(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
     """QIMIA ViT-S (384 wide, 12 layers, 6 heads, keys 128 wide in 16 depth heads), patch 4 at 32 x 32."""
-    model_args = dict(patch_size=4, **_SMALL)
-    return _create_vit_qimia('vit_qimia_small', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_qimia('vit_qimia_small', pretrained, dict(patch_size=4, **_SMALL), **kwargs)
 
 
 @register_model
 def vit_qimia_base(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
     """QIMIA ViT-B (768 wide, 12 layers, 12 heads, keys 256 wide in 32 depth heads), patch 4 at 32 x 32."""
-    model_args = dict(patch_size=4, **_BASE)
-    return _create_vit_qimia('vit_qimia_base', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_qimia('vit_qimia_base', pretrained, dict(patch_size=4, **_BASE), **kwargs)
 
 
 @register_model
@@ -815,53 +746,22 @@ def vit_qimia_surf23_patch8_32(pretrained: bool = False, **kwargs) -> VisionTran
     """The SURF report's CIFAR configuration (appendix): 256 wide, depth 10, patch 8, feed-forward 1024, keys 256
     wide in 32 depth heads, 8 token-attention heads (the authors' code), at 32 x 32."""
     model_args = dict(patch_size=8, embed_dim=256, depth=10, num_heads=8, mlp_ratio=4., key_dim=256)
-    return _create_vit_qimia('vit_qimia_surf23_patch8_32', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_qimia('vit_qimia_surf23_patch8_32', pretrained, model_args, **kwargs)
 
 
 @register_model
 def vit_qimia_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
     """QIMIA ViT-Ti/16 at 224 x 224."""
-    model_args = dict(patch_size=16, **_TINY)
-    return _create_vit_qimia('vit_qimia_tiny_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_qimia('vit_qimia_tiny_patch16_224', pretrained, dict(patch_size=16, **_TINY), **kwargs)
 
 
 @register_model
 def vit_qimia_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
     """QIMIA ViT-S/16 at 224 x 224."""
-    model_args = dict(patch_size=16, **_SMALL)
-    return _create_vit_qimia('vit_qimia_small_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_qimia('vit_qimia_small_patch16_224', pretrained, dict(patch_size=16, **_SMALL), **kwargs)
 
 
 @register_model
 def vit_qimia_base_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
     """QIMIA ViT-B/16 at 224 x 224."""
-    model_args = dict(patch_size=16, **_BASE)
-    return _create_vit_qimia('vit_qimia_base_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
-
-
-@register_model
-def vit_attnres_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
-    """Full Attention Residuals at ViT-Ti size (192 wide, 12 layers, 3 heads, one depth head), patch 4 at 32 x 32."""
-    model_args = dict(patch_size=4, **_TINY, **_ATTNRES)
-    return _create_vit_qimia('vit_attnres_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
-
-
-@register_model
-def vit_attnres_block_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
-    """Block Attention Residuals at ViT-Ti size, blocks of 2 layers, patch 4 at 32 x 32."""
-    model_args = dict(patch_size=4, **_TINY, **_BLOCK)
-    return _create_vit_qimia('vit_attnres_block_tiny', pretrained=pretrained, **dict(model_args, **kwargs))
-
-
-@register_model
-def vit_attnres_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
-    """Full Attention Residuals, ViT-Ti/16 at 224 x 224."""
-    model_args = dict(patch_size=16, **_TINY, **_ATTNRES)
-    return _create_vit_qimia('vit_attnres_tiny_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
-
-
-@register_model
-def vit_attnres_block_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformerQimia:
-    """Block Attention Residuals, ViT-Ti/16 at 224 x 224, blocks of 2 layers."""
-    model_args = dict(patch_size=16, **_TINY, **_BLOCK)
-    return _create_vit_qimia('vit_attnres_block_tiny_patch16_224', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_qimia('vit_qimia_base_patch16_224', pretrained, dict(patch_size=16, **_BASE), **kwargs)
