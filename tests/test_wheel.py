@@ -37,20 +37,25 @@ OFFLINE = dict(HF_HUB_OFFLINE='1')
 
 
 def default_weights() -> Dict[str, str]:
-    """Every model of ours whose default tag has weights, and that tag's file, from timm's registry."""
+    """Every model of ours whose default tag has weights of our own, and that tag's file, from timm's registry (the
+    AttnRes models built on timm's ViTs default to timm's weights on the Hub)."""
     cfgs = {name: get_pretrained_cfg(name) for name in timm.list_models(module=FAMILIES)}
-    return {name: cfg.file for name, cfg in cfgs.items() if cfg.file or cfg.hf_hub_id or cfg.url}
+    return {name: cfg.file for name, cfg in cfgs.items()
+            if (cfg.file or cfg.url or cfg.hf_hub_id) and not (cfg.hf_hub_id or '').startswith('timm/')}
 
 
 DEFAULT_WEIGHTS = default_weights()
 
 
-def test_every_default_tag_has_a_file_of_the_package():
+def test_every_default_tag_has_a_file_of_the_package_or_is_timms_own_weights():
     assert DEFAULT_WEIGHTS, f'no model of {FAMILIES} has weights in its default tag'
     package = Path(timm_hbf.__file__).resolve().parent
     elsewhere = {name: file for name, file in DEFAULT_WEIGHTS.items()
                  if not (file and Path(file).resolve().parent == package / 'weights')}
     assert not elsewhere, f'default tags whose weights are no file of timm_hbf/weights/: {elsewhere}'
+    timms = [name for name in timm.list_models(module=FAMILIES) if name not in DEFAULT_WEIGHTS
+             and get_pretrained_cfg(name).hf_hub_id]
+    assert timms and all(get_pretrained_cfg(name).hf_hub_id.startswith('timm/') for name in timms)
 
 
 def test_the_wheel_ships_each_default_tags_weights_and_no_others_in_at_most_60_mb(built_wheel):
