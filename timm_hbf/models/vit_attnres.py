@@ -38,9 +38,9 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 def _timm_weights(name: str) -> Dict[str, Any]:
     """The cfg of timm's pretrained ViT ``name`` (``arch.tag``): its Hub repository, input size, normalisation and
-    classes."""
+    classes (not the loader of the original release's files, which older timm names: the Hub has timm's own)."""
     cfg = get_pretrained_cfg(name).to_dict()
-    return dict({k: v for k, v in cfg.items() if k not in ('architecture', 'tag')}, **PAPER)
+    return dict({k: v for k, v in cfg.items() if k not in ('architecture', 'tag', 'url', 'custom_load')}, **PAPER)
 
 
 # The first tag of a model is its default; .untrained tags are architectures without weights.
