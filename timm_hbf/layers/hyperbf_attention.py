@@ -51,14 +51,12 @@ def gaussian_sdpa(
     Along a softmax over keys the query norm is a constant, so the logits are ``2 gamma q_i . k_j - gamma ||k_j||^2``:
     the dot products ``[q, 1] . [2 gamma k, -gamma ||k||^2]``, with ``v`` zero-padded to the same width (and all three
     to a multiple of ``channel_multiple``: CUDA's flash and cuDNN kernels take half precision only at multiples of 8;
-    1 pads nothing). In half precision the key-norm term is split over two channels, its rounding and the remainder,
-    which the kernel's float32 accumulation adds back together: rounded to one bf16 number it would be off by up to
-    ``gamma ||k||^2 / 256``. ``attn_mask`` together with ``is_causal=True`` is refused
+    1 pads nothing; a count >= 1). In half precision the key-norm term is split over two channels, its rounding and
+    the remainder, which the kernel's float32 accumulation adds back together: rounded to one bf16 number it would be
+    off by up to ``gamma ||k||^2 / 256``. ``attn_mask`` together with ``is_causal=True`` is refused
     (:func:`check_one_mask`).
     """
     check_one_mask(attn_mask, is_causal)
-    if not torch.jit.is_scripting():
-        check_count('channel_multiple', channel_multiple)
     dim = q.shape[-1]
     k_wide = k.to(accumulation_dtype(k))
     key_term = -gamma * torch.linalg.vecdot(k_wide, k_wide).unsqueeze(-1)  # (B, H, N, 1)

@@ -38,7 +38,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 def _timm_weights(name: str) -> Dict[str, Any]:
     """The cfg of timm's pretrained ViT ``name`` (``arch.tag``): its Hub repository, input size, normalisation and
-    classes (not the loader of the original release's files, which older timm names: the Hub has timm's own)."""
+    classes (timm's Hub files, not the original release's files and loader)."""
     cfg = get_pretrained_cfg(name).to_dict()
     return dict({k: v for k, v in cfg.items() if k not in ('architecture', 'tag', 'url', 'custom_load')}, **PAPER)
 

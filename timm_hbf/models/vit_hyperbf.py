@@ -88,10 +88,9 @@ class VisionTransformerHyperBF(VisionTransformer):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """timm's (position embedding, class token), the register tokens (which timm 1.0.26 leaves out) and
-        every HyperBF width, centre and metric."""
+        """timm's (position embedding, class and register tokens) and every HyperBF width, centre and metric."""
         kernel_params = {n for n, _ in self.named_parameters() if n.rsplit('.', 1)[-1] in NO_DECAY_PARAM_NAMES}
-        return set(super().no_weight_decay()) | {'reg_token'} | kernel_params
+        return set(super().no_weight_decay()) | kernel_params
 
 
 def _create_vit_hyperbf(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerHyperBF:

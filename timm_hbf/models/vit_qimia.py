@@ -50,9 +50,9 @@ from ..layers import (
 from ..layers.hyperbf_attention import check_one_mask
 from ._builder import build_vit, cifar10_weights, vit_cfg
 
-try:  # timm 1.0.31 and newer: how a model records a resize, which save_for_hf and push_to_hf_hub write to config.json
+try:  # how timm's ViT records a resize, which save_for_hf and push_to_hf_hub write to config.json (not public API)
     from timm.models._input import update_model_input_size
-except ImportError:  # older timm records none, for its own ViT neither
+except ImportError:  # a timm that moved it: no record, the resize still works
     update_model_input_size = None
 
 __all__ = ['QimiaBlock', 'QimiaLayer', 'VisionTransformerQimia', 'checkpoint_filter_fn',
