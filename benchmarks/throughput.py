@@ -56,11 +56,11 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.layers import Mlp
+from timm.utils import ParseKwargs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import timm_hbf
-from timm_hbf.cli import ParseKwargs
 from timm_hbf.models import PretrainedWeightsError, VisionTransformerQimia
 
 MMAP_THRESHOLD = 128 * 1024  # bytes: see the module docstring

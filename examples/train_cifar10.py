@@ -45,12 +45,11 @@ from timm.loss import LabelSmoothingCrossEntropy
 from timm.models import split_model_name_tag
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.utils import CheckpointSaver, ModelEmaV3, random_seed
+from timm.utils import CheckpointSaver, ModelEmaV3, ParseKwargs, random_seed
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 import timm_hbf
-from timm_hbf.cli import ParseKwargs
 from timm_hbf.models import PretrainedWeightsError
 
 SAMPLE = Path(__file__).resolve().parents[1] / 'data' / 'cifar10-mini-jpeg.tar.gz'  # the repository's sample
