@@ -1,4 +1,5 @@
 """Shared test helpers."""
+import copy
 import importlib.util
 import json
 import os
@@ -10,31 +11,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Dict, List, Tuple
 
-import pytest
+import timm
 import torch
 from safetensors.torch import load_file
 from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
-BUILD_BACKEND = ('hatchling', 'editables')  # pyproject.toml's build backend, and what its editable installs need
-
-
-def require_build_backend(task: str) -> None:
-    """Skip the test where the build backend is missing, naming the install that brings it; fail on CI (``CI``
-    set), where the test extra is installed."""
-    missing = [name for name in BUILD_BACKEND if importlib.util.find_spec(name) is None]
-    if missing:
-        reason = (f'{task} without the package index needs its build backend in this environment, and '
-                  f'{" and ".join(missing)} is missing: pip install -e ".[test]" (the test extra has it)')
-        if os.environ.get('CI'):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
 
 
 def build_distribution(target: str, folder: Path) -> Path:
-    """The project's ``'wheel'`` or ``'sdist'``, built into ``folder`` with this environment's build backend (no
-    package index needed); skips or fails as :func:`require_build_backend` says."""
-    require_build_backend(f'building the {target}')
+    """The project's ``'wheel'`` or ``'sdist'``, built into ``folder`` with this environment's build backend (the
+    test extra's hatchling: no package index needed)."""
     build = [sys.executable, '-m', 'hatchling', 'build', '--target', target, '--directory', str(folder)]
     proc = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f'$ {" ".join(build)}\n{proc.stdout}{proc.stderr}'
@@ -47,7 +34,6 @@ def install(env: Path, source: Path, editable: bool = False) -> Path:
     ``env`` with pip's ``--no-deps --no-build-isolation`` (built with this environment's backend: no package index
     needed). ``env`` sees torch, timm and the rest through a ``.pth`` file naming this environment's site-packages,
     whose own ``.pth`` files (among them this environment's install of timm-hbf) it does not run."""
-    require_build_backend('installing timm-hbf')
     venv.create(env, with_pip=False)
     site_packages = subprocess.run(
         [str(env / 'bin' / 'python'), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
@@ -124,6 +110,89 @@ def compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor, backend: str
     torch.testing.assert_close(loss, eager_loss, rtol=1e-4, atol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+def assert_model_contract(name: str) -> None:
+    """timm's contract for a registered model (as timm's tests/test_models.py checks it), ``name`` built with two
+    blocks at most 64 pixels: logits of its classes, every parameter a finite gradient; ``forward_head`` of
+    ``forward_features`` is ``forward``; ``forward_intermediates`` gives those features and a map a block, as a tuple
+    or a dict, and ``get_intermediate_layers`` (timm's DINO interface) their tokens; a ``features_only`` model gives
+    the maps its ``feature_info`` names; ``reset_classifier(0)`` leaves the pooled features; pruning keeps the blocks
+    asked for."""
+    size = min(64, timm.get_pretrained_cfg_value(name, 'input_size')[-1])
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=2, img_size=size)
+    x = torch.randn(2, 3, size, size)
+    model(x).square().mean().backward()
+    assert not [n for n, p in model.named_parameters() if p.grad is None or not p.grad.isfinite().all()]
+    model.eval()
+    grid = size // model.patch_embed.patch_size[0]
+    with torch.no_grad():
+        logits, features = model(x), model.forward_features(x)
+        assert logits.shape == (2, model.num_classes)
+        torch.testing.assert_close(model.forward_head(features), logits)
+        assert model.forward_head(features, pre_logits=True).shape == (2, model.num_features)
+        final, maps = model.forward_intermediates(x)
+        torch.testing.assert_close(final, features)
+        assert [m.shape for m in maps] == [(2, model.embed_dim, grid, grid)] * 2
+        as_dict = model.forward_intermediates(x, output_dict=True)
+        torch.testing.assert_close([as_dict['image_features'], as_dict['image_intermediates']], [final, maps])
+        tokens = model.forward_intermediates(x, output_fmt='NLC', intermediates_only=True)
+        torch.testing.assert_close(list(model.get_intermediate_layers(x, n=2)), tokens)
+        backbone = timm.create_model(name, depth=2, img_size=size, features_only=True, out_indices=(0, 1)).eval()
+        assert [f.shape for f in backbone(x)] == [(2, c, grid, grid) for c in backbone.feature_info.channels()]
+        model.reset_classifier(0)
+        assert model(x).shape == (2, model.num_features)
+    assert model.prune_intermediate_layers([0]) == [0] and len(model.blocks) == 1
+
+
+def assert_every_batch_gives_the_logits_of_its_images(build, half_tolerance: float = 1.) -> None:
+    """``build()``'s model takes every batch timm's ViT takes, in eval with the logits of its images: none for an
+    empty batch, those in the batch for one image, those of the contiguous batch for a channels-last or strided one;
+    model and batch in bf16 or fp16 (no autocast) within a relative error (norm-wise) of float32's of
+    ``half_tolerance`` times 2 % (bf16) or 0.5 % (fp16), about three times what it was when written. An empty, a
+    channels-last and a half-precision batch give every parameter a finite gradient in a training step."""
+    def logits(model, x, step=False):
+        if step:
+            trained = copy.deepcopy(model).train()  # its batch norms' running statistics move
+            trained(x).float().sum().backward()
+            assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in trained.parameters())
+        with torch.no_grad():
+            out = model.eval()(x)
+        assert out.shape == (x.shape[0], model.num_classes) and out.dtype == x.dtype
+        return out
+
+    model, x = build(), torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    strided = torch.randn(3, 3, 32, 64)
+    strided[..., ::2] = x
+    expected = logits(model, x)
+    assert logits(model, x[:0], step=True).shape == (0, model.num_classes)
+    for batch, rows, step in ((x[1:2], slice(1, 2), False), (x.to(memory_format=torch.channels_last), slice(3), True),
+                              (strided[..., ::2], slice(3), False)):
+        torch.testing.assert_close(logits(model, batch, step), expected[rows], rtol=1e-4, atol=1e-5)
+    for dtype, tolerance in ((torch.bfloat16, 2e-2), (torch.float16, 5e-3)):
+        half = logits(build().to(dtype), x.to(dtype), step=True).double()
+        assert (half - expected.double()).norm() < half_tolerance * tolerance * expected.double().norm(), dtype
+
+
+EXECUTION_MODES = ['compiled_whole', 'compiled_by_region', 'compiled_past_a_graph_break', 'exported']
+
+
+def run_as(mode: str, model: torch.nn.Module, x: torch.Tensor, backend: str = 'inductor'):
+    """``model`` (with ``blocks``) as ``mode`` runs it: compiled whole (``fullgraph=True``), compiled by region
+    (every block on its own, the rest eager: PyTorch's regional compilation), compiled past a graph break (a middle
+    block's forward hook breaks the graph: dynamo runs the frames on either side compiled, and the memory passes
+    between them), or exported (``torch.export`` with a dynamic batch; its module shares the model's parameters)."""
+    if mode == 'compiled_whole':
+        return torch.compile(model, fullgraph=True, backend=backend)
+    if mode == 'compiled_by_region':
+        for block in model.blocks:
+            block.compile(backend=backend)
+        return model
+    if mode == 'compiled_past_a_graph_break':
+        model.blocks[len(model.blocks) // 2].register_forward_hook(lambda m, a, out: torch._dynamo.graph_break())
+        return torch.compile(model, backend=backend)
+    return torch.export.export(model, (x[:2],), dynamic_shapes=({0: torch.export.Dim('batch')},)).module()
 
 
 def saved_activation_bytes(module, x):

@@ -1,8 +1,7 @@
 """torch's DistributedDataParallel, which timm's train.py puts around a model under torchrun: two processes on the CPU
-(the gloo backend), each given half of a batch, take the gradient that one process takes on the whole batch and stay
-in step: every family eager, QIMIA with either kind of gradient checkpointing, and QIMIA's list memory compiled in
-either order of wrapping (train.py of timm 1.0.27 on compiles before wrapping; that of 1.0.26 after, where the
-compiler cuts the graph at DDP's gradient buckets)."""
+(gloo), each given half of a batch, take the gradient one process takes on the whole batch and stay in step: every
+family eager, QIMIA with either kind of gradient checkpointing, and QIMIA compiled in either order of wrapping (timm
+1.0.27's train.py compiles before wrapping; 1.0.26's after, where the compiler cuts the graph at DDP's buckets)."""
 from datetime import timedelta
 from pathlib import Path
 from typing import Dict, List
@@ -94,14 +93,10 @@ def assert_trained_in_step(ranks: List[Dict[str, dict]], name: str) -> None:
             assert torch.equal(params[n], others[n]), f'{name}: {n} differs between the processes after step {step}'
 
 
-@pytest.fixture(scope='module')
-def eager_ranks(tmp_path_factory) -> List[Dict[str, dict]]:
-    return train_in_two_processes(tmp_path_factory.mktemp('ddp_eager'), FAMILIES, DEPTH)
-
-
-@pytest.mark.parametrize('name', FAMILIES)
-def test_two_processes_train_as_one_on_the_whole_batch(eager_ranks, name):
-    assert_trained_in_step(eager_ranks, name)
+def test_two_processes_train_as_one_on_the_whole_batch(tmp_path):
+    ranks = train_in_two_processes(tmp_path, FAMILIES, DEPTH)
+    for name in FAMILIES:
+        assert_trained_in_step(ranks, name)
 
 
 @pytest.mark.parametrize('checkpointing', ['non_reentrant', 'reentrant'])

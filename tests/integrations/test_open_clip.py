@@ -65,10 +65,9 @@ def batch(cifar10_tiny) -> torch.Tensor:
     return torch.stack([images[(targets == c).nonzero()[0, 0]] for c in (0, 6, 8, 9)])
 
 
-def test_the_image_tower_is_the_pretrained_timm_model(clip, batch):
+def test_the_image_tower_is_the_pretrained_timm_model_with_its_intermediates(clip, batch):
     model = clip[0].eval()
     pretrained = timm.create_model(model.visual.trunk.default_cfg['architecture'], pretrained=True).eval()
-
     trunk = model.visual.trunk
     assert type(trunk) is type(pretrained)
     expected = {k: v for k, v in pretrained.state_dict().items() if not k.startswith('head.')}
@@ -78,51 +77,40 @@ def test_the_image_tower_is_the_pretrained_timm_model(clip, batch):
         tokens = pretrained.forward_features(batch)[:, pretrained.num_prefix_tokens:]
         torch.testing.assert_close(trunk(batch), tokens.mean(1), rtol=0., atol=1e-6)
         features = model.encode_image(batch, normalize=True)
+        out = model.visual.forward_intermediates(batch, indices=[3, 11], output_extra_tokens=True)
+        _, own = trunk.forward_intermediates(batch, indices=[3, 11], return_prefix_tokens=True)
     assert features.shape == (len(batch), EMBED_DIM)
     torch.testing.assert_close(features.norm(dim=-1), torch.ones(len(batch)))
+    torch.testing.assert_close(out['image_features'], model.encode_image(batch))
+    for got, (spatial, prefix) in zip(zip(out['image_intermediates'], out['image_intermediates_prefix']), own):
+        assert torch.equal(got[0], spatial) and torch.equal(got[1], prefix)
 
 
-def test_contrastive_training_reaches_every_tower_parameter(clip, batch):
+def test_contrastive_training_reaches_every_tower_parameter_and_lit_locking_leaves_the_last_groups(clip, batch):
     model, text = copy.deepcopy(clip[0]), clip[1]
     before = {k: p.detach().clone() for k, p in model.visual.named_parameters()}
     contrastive_step(model, batch, text)
     unchanged = [k for k, p in model.visual.named_parameters() if torch.equal(p, before[k])]
     assert not unchanged, f'image-tower parameters the contrastive loss did not train: {unchanged}'
 
-
-def test_lit_locking_leaves_the_last_layer_groups_to_train(clip, batch):
-    model, text = copy.deepcopy(clip[0]), clip[1]
+    model = copy.deepcopy(clip[0])
     model.lock_image_tower(unlocked_groups=2)  # the last two layers; the final norm (and output read) go with the last
     trunk = model.visual.trunk
     depth = len(trunk.blocks)
     trainable = {k for k, p in trunk.named_parameters() if p.requires_grad}
     assert trainable == {k for k, _ in trunk.named_parameters()
                          if k.startswith((f'blocks.{depth - 2}.', f'blocks.{depth - 1}.', 'norm.', 'read_out.'))}
-
     before = {k: p.detach().clone() for k, p in trunk.named_parameters()}
     contrastive_step(model, batch, text)
     moved = {k for k, p in trunk.named_parameters() if not torch.equal(p, before[k])}
     assert moved and moved <= trainable
 
 
-def test_intermediates_through_the_adapter_are_the_models_own(clip, batch):
-    model = clip[0].eval()
-    with torch.no_grad():
-        out = model.visual.forward_intermediates(batch, indices=[3, 11], output_extra_tokens=True)
-        _, expected = model.visual.trunk.forward_intermediates(batch, indices=[3, 11], return_prefix_tokens=True)
-        features = model.encode_image(batch)
-    assert [t.shape for t in out['image_intermediates']] == [(len(batch), 192, 8, 8)] * 2
-    assert [t.shape for t in out['image_intermediates_prefix']] == [(len(batch), 1, 192)] * 2
-    for got, (spatial, prefix) in zip(zip(out['image_intermediates'], out['image_intermediates_prefix']), expected):
-        assert torch.equal(got[0], spatial) and torch.equal(got[1], prefix)
-    torch.testing.assert_close(out['image_features'], features)
-
-
 def test_the_models_own_head_as_projection_takes_the_class_token_of_a_pretrained_hyperbf(tmp_path):
     """With ``timm_proj: ''`` OpenCLIP builds the tower with ``global_pool=timm_pool``: ``'avg'`` makes timm's ViT
     norm after the pooling (``fc_norm``), a layer the weights lack, and OpenCLIP cannot pass ``fc_norm=False``."""
     (tmp_path / 'avg').mkdir()
-    with pytest.raises(PretrainedWeightsError, match=r"fc_norm.*pass fc_norm=False"):
+    with pytest.raises(PretrainedWeightsError, match='fc_norm=False'):
         build('vit_hyperbf_tiny', tmp_path / 'avg', timm_pool='avg', timm_proj='')
     (tmp_path / 'token').mkdir()
     model = build('vit_hyperbf_tiny', tmp_path / 'token', timm_pool='token', timm_proj='')

@@ -88,11 +88,15 @@ def test_mahalanobis_starts_as_the_plain_rbf_and_any_factor_gives_a_valid_kernel
     torch.testing.assert_close(kernel(mahalanobis, t, t).diagonal(), torch.ones(3))  # zero distance
 
 
-def test_gamma_is_log_parametrised():
-    k = HyperBFKernel(4, num_widths=3, gamma_init=0.25)
-    assert k.log_gamma.shape == (3,)
-    torch.testing.assert_close(k.gamma(), torch.full((3,), 0.25))
-    torch.testing.assert_close(k.log_gamma, torch.full((3,), math.log(0.25)))
+def test_gamma_is_log_parametrised_and_init_weights_restores_the_init():
+    k = HyperBFKernel(3, num_widths=2, gamma_init=0.25, mahalanobis=True)
+    torch.testing.assert_close(k.log_gamma, torch.full((2,), math.log(0.25)))
+    with torch.no_grad():
+        k.log_gamma.zero_()
+        k.metric.zero_()
+    k.init_weights()
+    torch.testing.assert_close(k.gamma(), torch.full((2,), 0.25))
+    torch.testing.assert_close(k.metric, torch.eye(3))
 
 
 @pytest.mark.parametrize('lr', [1e3, 1e8])
@@ -116,34 +120,15 @@ def test_laplacian_gradient_is_finite_at_zero_distance():
     assert torch.isfinite(x.grad).all()
 
 
-def test_an_unknown_kernel_is_rejected_with_the_choices_named():
-    with pytest.raises(ValueError, match=r"kernel must be one of \('gaussian', 'laplacian'\), got 'cauchy'"):
-        HyperBFKernel(4, kernel='cauchy')
-
-
-@pytest.mark.parametrize('name, value, error, message', [
-    ('gamma_init', 0., ValueError, r'gamma_init \(the initial kernel width\) must be a finite number > 0, got 0.0'),
-    ('gamma_init', float('inf'), ValueError, r'gamma_init .* must be a finite number > 0, got inf'),
-    ('gamma_init', '0.1', TypeError, r"gamma_init .* must be a finite number > 0, got '0.1' \(str\)"),
-    ('eps', 0., ValueError, r"eps \(the Laplacian's offset under the square root\) must be a finite number > 0"),
-    ('num_widths', 0, ValueError, r'num_widths must be an integer >= 1, got 0'),
-    ('num_widths', 2.5, TypeError, r'num_widths must be an integer >= 1, got 2.5 \(float\)'),
+@pytest.mark.parametrize('name, value, error, named', [
+    ('kernel', 'cauchy', ValueError, "kernel .*'cauchy'"),
+    ('gamma_init', 0., ValueError, 'gamma_init .*got 0.0'),
+    ('gamma_init', float('inf'), ValueError, 'gamma_init .*got inf'),
+    ('gamma_init', '0.1', TypeError, "gamma_init .*got '0.1'"),
+    ('eps', 0., ValueError, 'eps .*got 0.0'),
+    ('num_widths', 0, ValueError, 'num_widths .*got 0'),
+    ('num_widths', 2.5, TypeError, 'num_widths .*got 2.5'),
 ])
-def test_a_bad_argument_is_rejected_with_its_name_its_value_and_what_is_allowed(name, value, error, message):
-    with pytest.raises(error, match=message):
+def test_a_bad_argument_raises_naming_it_and_its_value(name, value, error, named):
+    with pytest.raises(error, match=named):
         HyperBFKernel(4, **{name: value})
-
-
-def test_reset_parameters_restores_the_init():
-    k = HyperBFKernel(3, num_widths=2, gamma_init=0.5, mahalanobis=True)
-    with torch.no_grad():
-        k.log_gamma.zero_()
-        k.metric.zero_()
-    k.init_weights()
-    torch.testing.assert_close(k.gamma(), torch.full((2,), 0.5))
-    torch.testing.assert_close(k.metric, torch.eye(3))
-
-
-def test_construction_on_meta_device():
-    k = HyperBFKernel(4, num_widths=2, mahalanobis=True, device='meta')
-    assert all(p.device.type == 'meta' for p in k.parameters())

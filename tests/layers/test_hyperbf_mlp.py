@@ -19,7 +19,7 @@ def brute_force_units(mlp, x):
 
 
 @pytest.mark.parametrize('kernel', ['gaussian', 'laplacian'])
-@pytest.mark.parametrize('dim, centers', [(192, 768), (384, 1536), (768, 3072), (768, 3000)])
+@pytest.mark.parametrize('dim, centers', [(192, 768), (768, 3000)])
 def test_units_are_alive_at_init_on_layer_normed_inputs(dim, centers, kernel):
     torch.manual_seed(0)
     mlp = HyperBFMlp(dim, centers, kernel=kernel)
@@ -37,16 +37,35 @@ def test_units_are_alive_at_init_on_layer_normed_inputs(dim, centers, kernel):
     assert (mlp.kernel.log_gamma.grad != 0).all()
 
 
-@pytest.mark.parametrize('dim', [192, 384, 768])
+@pytest.mark.parametrize('normalized', [False, True], ids=['independent', 'normalized'])
+@pytest.mark.parametrize('kernel', ['gaussian', 'laplacian'])
+def test_init_widths_give_units_of_the_scale_intended(kernel, normalized):
+    """On LayerNorm'd inputs: independent units start with exponents ``-gamma d`` about -1 (``K`` about exp(-1));
+    normalised units with logits that vary across centres by about 1, as in scaled dot-product attention."""
+    torch.manual_seed(0)
+    log_units = HyperBFMlp(192, 768, kernel=kernel, normalized=normalized).log_units(layer_normed(2, 8, 192))
+    if normalized:
+        assert .5 < log_units.std(-1).mean() < 2.
+    else:
+        assert -2. < log_units.mean() < -.5
+
+
+@pytest.mark.parametrize('dim', [192, 768])
 def test_independent_units_start_nearly_linear_normalized_ones_do_not(dim):
     """On LayerNorm'd tokens ``log K(x, t_i)`` is ``2 gamma x . t_i`` plus a constant, which varies over the tokens
     with std ``2 gamma ||t_i||``: ``1 / sqrt(D)`` for independent units (``gamma = 1 / (2 D)``), where ``exp`` is
-    nearly linear, and about 1 for normalized ones (``gamma = 1 / (2 sqrt(D))``), where the softmax is not."""
+    nearly linear, and about 1 for normalized ones (``gamma = 1 / (2 sqrt(D))``), where the softmax is not; and
+    init_weights restores the init."""
     torch.manual_seed(0)
     x = layer_normed(8, 64, dim).reshape(-1, dim)
-    for normalized, spread in ((False, dim ** -.5), (True, 1.)):
-        log_k = HyperBFMlp(dim, 4 * dim, normalized=normalized).log_units(x)
-        assert abs(log_k.std(0).median() / spread - 1) < .1, normalized
+    for normalized, spread, gamma in ((False, dim ** -.5, 1 / (2 * dim)), (True, 1., 1 / (2 * dim ** .5))):
+        mlp = HyperBFMlp(dim, 4 * dim, normalized=normalized)
+        assert torch.allclose(mlp.kernel.gamma(), torch.tensor(gamma))
+        assert abs(mlp.log_units(x).std(0).median() / spread - 1) < .1, normalized
+    with torch.no_grad():
+        mlp.centers.zero_()
+    mlp.init_weights()
+    assert mlp.centers.std() > 0.5
 
 
 def test_the_authors_init_would_be_dead():
@@ -78,13 +97,7 @@ def test_matches_the_definition_forward_and_backward(options):
         torch.testing.assert_close(a, b)
 
 
-def test_normalized_units_are_a_softmax_over_centres():
-    mlp = HyperBFMlp(32, 64, normalized=True)
-    act = mlp.activations(layer_normed(3, 7, 32))
-    torch.testing.assert_close(act.sum(-1), torch.ones(3, 7))
-
-
-@pytest.mark.parametrize('sharpen', [1., 10., 50.])
+@pytest.mark.parametrize('sharpen', [1., 50.])
 def test_units_under_bf16_autocast_are_those_of_float32_but_for_the_products_rounding(sharpen):
     """Under autocast ``2 gamma x.t`` runs in bf16 (the layer's one large product beside the readout), rounded once:
     every unit's exponent is off by at most 2^-8 of ``2 gamma_i |x| |t_i|`` (about 2^-8 at the initial widths)."""
@@ -145,34 +158,10 @@ def test_timm_block_drives_the_layer_with_its_arguments():
     assert block.mlp.fc2 is block.mlp.readout  # the name timm's ViT uses to rescale the last layer (fix_init)
 
 
-@pytest.mark.parametrize('normalized', [False, True], ids=['independent', 'normalized'])
-@pytest.mark.parametrize('kernel', ['gaussian', 'laplacian'])
-@pytest.mark.parametrize('dim', [192, 768])
-def test_init_widths_give_units_of_the_scale_intended(dim, kernel, normalized):
-    """On LayerNorm'd inputs: independent units start with exponents ``-gamma d`` about -1 (``K`` about exp(-1));
-    normalised units with logits that vary across centres by about 1, as in scaled dot-product attention."""
-    torch.manual_seed(0)
-    log_units = HyperBFMlp(dim, 4 * dim, kernel=kernel, normalized=normalized).log_units(layer_normed(2, 8, dim))
-    if normalized:
-        assert .5 < log_units.std(-1).mean() < 2.
-    else:
-        assert -2. < log_units.mean() < -.5
-
-
-def test_init_widths_and_reset():
-    assert torch.allclose(HyperBFMlp(192, 768).kernel.gamma(), torch.tensor(1 / 384))
-    assert torch.allclose(HyperBFMlp(192, 768, normalized=True).kernel.gamma(), torch.tensor(1 / (2 * 192 ** 0.5)))
-    mlp = HyperBFMlp(8, 16)
-    with torch.no_grad():
-        mlp.centers.zero_()
-    mlp.init_weights()
-    assert mlp.centers.std() > 0.5
-
-
 @pytest.mark.parametrize('kwargs, error, message', [
-    (dict(hidden_features=0), ValueError, r'hidden_features \(the number of centres.*\) must be an integer >= 1'),
-    (dict(kernel='cauchy'), ValueError, r"kernel must be one of \('gaussian', 'laplacian'\), got 'cauchy'"),
-], ids=['no_centres', 'unknown_kernel'])
-def test_a_bad_argument_is_rejected_with_its_name_its_value_and_what_is_allowed(kwargs, error, message):
+    (dict(hidden_features=0), ValueError, 'hidden_features .*got 0'),
+    (dict(kernel='cauchy'), ValueError, "kernel .*'cauchy'"),
+])
+def test_a_bad_argument_raises_naming_it_and_its_value(kwargs, error, message):
     with pytest.raises(error, match=message):
         HyperBFMlp(8, **kwargs)

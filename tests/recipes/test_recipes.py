@@ -8,12 +8,11 @@ import math
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import timm
 import torch
 import yaml
-from timm.data import ImageDataset, Mixup, create_transform, resolve_data_config
+from timm.data import ImageDataset, create_transform, resolve_data_config
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2, scheduler_kwargs
 
@@ -131,24 +130,11 @@ def test_strong_recipe_schedules_as_lee_lee_and_song(path):
 
 @pytest.mark.parametrize('path', [p for p in PATHS if p.stem == 'strong'], ids=recipe_id)
 def test_strong_recipe_mixes_as_lee_lee_and_song(path):
-    """Their mixing: half the batches left alone, the other half mixup or CutMix (both with alpha 1) at even odds, on
-    label-smoothed targets; through timm's Mixup with the arguments train.py gives it from the recipe, on batches of
-    constant images, where a blend (mixup) and a pasted box (CutMix) tell themselves apart."""
+    """Their mixing, in train.py's options for timm's Mixup: half the batches left alone, the other half mixup or
+    CutMix (both with alpha 1) at even odds, a batch at a time, on label-smoothed targets."""
     cfg = load(path)
-    assert (cfg['mixup'], cfg['cutmix'], cfg['smoothing']) == (1.0, 1.0, 0.1)
-    mixup = Mixup(mixup_alpha=cfg['mixup'], cutmix_alpha=cfg['cutmix'], prob=cfg.get('mixup_prob', 1.),
-                  switch_prob=cfg.get('mixup_switch_prob', 0.5), mode=cfg.get('mixup_mode', 'batch'),
-                  label_smoothing=cfg['smoothing'], num_classes=cfg['num_classes'])
-    np.random.seed(0)
-    kinds = []
-    for _ in range(1000):
-        x = torch.arange(8.).view(8, 1, 1, 1).expand(8, 1, 16, 16).clone()  # image i: all i; the size does not matter
-        mixed, target = mixup(x.clone(), torch.arange(8) % cfg['num_classes'])
-        assert torch.allclose(target.sum(1), torch.ones(8))
-        assert target.min().item() == pytest.approx(cfg['smoothing'] / cfg['num_classes'])
-        kinds.append('none' if torch.equal(mixed, x) else 'cutmix' if torch.equal(mixed, mixed.round()) else 'mixup')
-    assert kinds.count('none') / len(kinds) == pytest.approx(0.5, abs=0.05)
-    assert kinds.count('cutmix') / (len(kinds) - kinds.count('none')) == pytest.approx(0.5, abs=0.05)
+    assert (cfg['mixup'], cfg['cutmix'], cfg['smoothing'], cfg['mixup_prob']) == (1.0, 1.0, 0.1, 0.5)
+    assert (cfg.get('mixup_switch_prob', .5), cfg.get('mixup_mode', 'batch')) == (.5, 'batch')  # train.py's defaults
 
 
 @pytest.mark.parametrize('path', PATHS, ids=recipe_id)
