@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 def build_distribution(target: str, folder: Path) -> Path:
-    """The project's ``'wheel'`` or ``'sdist'``, built into ``folder`` with this environment's build backend (the
-    test extra's hatchling: no package index needed)."""
+    """The project's ``'wheel'`` or ``'sdist'``, built into ``folder`` offline with the test extra's hatchling."""
     build = [sys.executable, '-m', 'hatchling', 'build', '--target', target, '--directory', str(folder)]
     proc = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f'$ {" ".join(build)}\n{proc.stdout}{proc.stderr}'
@@ -30,10 +29,9 @@ def build_distribution(target: str, folder: Path) -> Path:
 
 
 def install(env: Path, source: Path, editable: bool = False) -> Path:
-    """``source`` (a built wheel, or the repository for an editable install) installed into a new virtual environment
-    ``env`` with pip's ``--no-deps --no-build-isolation`` (built with this environment's backend: no package index
-    needed). ``env`` sees torch, timm and the rest through a ``.pth`` file naming this environment's site-packages,
-    whose own ``.pth`` files (among them this environment's install of timm-hbf) it does not run."""
+    """``source`` (a wheel, or the repository for an editable install) installed offline into a new virtual
+    environment ``env``, which sees this environment's packages through a ``.pth`` file (whose own ``.pth`` files,
+    this environment's install of timm-hbf among them, it does not run)."""
     venv.create(env, with_pip=False)
     site_packages = subprocess.run(
         [str(env / 'bin' / 'python'), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
@@ -48,8 +46,7 @@ def install(env: Path, source: Path, editable: bool = False) -> Path:
 
 
 def run_in(env: Path, *args: str, cwd: Path, timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
-    """``env``'s ``bin/ARGS[0]`` (``python``, or a command the install put there) run with ``ARGS[1:]`` in ``cwd``,
-    ``extra_env`` added to the environment."""
+    """``env``'s ``bin/ARGS[0]`` run with ``ARGS[1:]`` in ``cwd``, ``extra_env`` added to the environment."""
     return subprocess.run([str(env / 'bin' / args[0]), *args[1:]], cwd=cwd, env=dict(os.environ, **extra_env),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -76,9 +73,8 @@ def layer_normed(*shape: int, seed: int = 1234) -> torch.Tensor:
 
 
 def dropout_matches_its_expectation(layer: torch.nn.Module, plain: torch.nn.Module, x: torch.Tensor) -> None:
-    """``layer`` with dropout, ``plain`` the same without, ``x`` one input repeated along the batch (a draw each): in
-    training every draw is another and their mean is ``plain``'s output (within 5 standard errors); in evaluation
-    ``layer`` gives that output."""
+    """``layer`` with dropout, ``plain`` without, ``x`` one input repeated (a draw each): in training every draw is
+    another and their mean ``plain``'s output (within 5 standard errors); in evaluation ``layer`` gives it."""
     torch.manual_seed(0)
     with torch.no_grad():
         expected = plain(x[:1])[0]
@@ -90,9 +86,8 @@ def dropout_matches_its_expectation(layer: torch.nn.Module, plain: torch.nn.Modu
 
 
 def compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor, backend: str) -> None:
-    """``torch.compile(model, fullgraph=True)`` (which raises on any graph break) gives the eager outputs in eval
-    under ``torch.inference_mode`` (as timm's train.py evaluates, and its validate.py and inference.py run), and the
-    eager loss and gradients in a training step (the same seed, so the same dropout masks)."""
+    """``torch.compile(model, fullgraph=True)`` gives the eager outputs in eval under ``torch.inference_mode`` (as
+    timm's scripts evaluate), and the eager loss and gradients in a training step (the same dropout masks)."""
     compiled = torch.compile(model, fullgraph=True, backend=backend)
     model.eval()
     with torch.inference_mode():
@@ -113,12 +108,11 @@ def compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor, backend: str
 
 
 def assert_model_contract(name: str) -> None:
-    """timm's contract for a registered model (as timm's tests/test_models.py checks it), ``name`` built with two
-    blocks at most 64 pixels: logits of its classes, every parameter a finite gradient; ``forward_head`` of
-    ``forward_features`` is ``forward``; ``forward_intermediates`` gives those features and a map a block, as a tuple
-    or a dict, and ``get_intermediate_layers`` (timm's DINO interface) their tokens; a ``features_only`` model gives
-    the maps its ``feature_info`` names; ``reset_classifier(0)`` leaves the pooled features; pruning keeps the blocks
-    asked for."""
+    """timm's contract for a registered model (as timm's tests/test_models.py checks it), with two blocks at most 64
+    pixels: logits, every parameter a finite gradient; ``forward_head(forward_features)`` is ``forward``;
+    ``forward_intermediates`` gives those features and a map a block (tuple or dict), ``get_intermediate_layers`` their
+    tokens; ``features_only`` the maps of its ``feature_info``; ``reset_classifier(0)`` the pooled features; pruning
+    keeps the blocks asked for."""
     size = min(64, timm.get_pretrained_cfg_value(name, 'input_size')[-1])
     torch.manual_seed(0)
     model = timm.create_model(name, depth=2, img_size=size)
@@ -147,11 +141,9 @@ def assert_model_contract(name: str) -> None:
 
 
 def assert_every_batch_gives_the_logits_of_its_images(build, half_tolerance: float = 1.) -> None:
-    """``build()``'s model takes every batch timm's ViT takes, in eval with the logits of its images: none for an
-    empty batch, those in the batch for one image, those of the contiguous batch for a channels-last or strided one;
-    model and batch in bf16 or fp16 (no autocast) within a relative error (norm-wise) of float32's of
-    ``half_tolerance`` times 2 % (bf16) or 0.5 % (fp16), about three times what it was when written. An empty, a
-    channels-last and a half-precision batch give every parameter a finite gradient in a training step."""
+    """``build()``'s model gives in eval the logits of the images of every batch timm's ViT takes: empty, one image,
+    channels-last, strided; in bf16 or fp16 within ``half_tolerance`` times 2 % or 0.5 % (norm-wise) of float32's.
+    An empty, a channels-last and a half-precision batch give every parameter a finite gradient in a training step."""
     def logits(model, x, step=False):
         if step:
             trained = copy.deepcopy(model).train()  # its batch norms' running statistics move
@@ -179,10 +171,8 @@ EXECUTION_MODES = ['compiled_whole', 'compiled_by_region', 'compiled_past_a_grap
 
 
 def run_as(mode: str, model: torch.nn.Module, x: torch.Tensor, backend: str = 'inductor'):
-    """``model`` (with ``blocks``) as ``mode`` runs it: compiled whole (``fullgraph=True``), compiled by region
-    (every block on its own, the rest eager: PyTorch's regional compilation), compiled past a graph break (a middle
-    block's forward hook breaks the graph: dynamo runs the frames on either side compiled, and the memory passes
-    between them), or exported (``torch.export`` with a dynamic batch; its module shares the model's parameters)."""
+    """``model`` as ``mode`` runs it: compiled whole (``fullgraph=True``), by region (every block on its own), past a
+    graph break (a middle block's hook), or exported (``torch.export``, a dynamic batch, the model's parameters)."""
     if mode == 'compiled_whole':
         return torch.compile(model, fullgraph=True, backend=backend)
     if mode == 'compiled_by_region':
@@ -214,8 +204,8 @@ LEGACY_DIR = Path(__file__).parent / 'data'
 
 
 def legacy_checkpoint(case: str) -> Tuple[str, Dict[str, Any], Dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """A checkpoint written by timm_hbf 0.1.0 (``tests/data``): model name, model kwargs, state dict, and two
-    images with the logits that version gave for them in eval mode."""
+    """A checkpoint of timm_hbf 0.1.0 (``tests/data``): model name and kwargs, state dict, two images and the logits
+    that version gave them in eval."""
     spec = json.loads((LEGACY_DIR / 'legacy_checkpoints.json').read_text())['cases'][case]
     tensors = load_file(LEGACY_DIR / f'{case}.safetensors')
     state_dict = {k[len('state_dict.'):]: v for k, v in tensors.items() if k.startswith('state_dict.')}

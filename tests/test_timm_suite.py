@@ -1,17 +1,8 @@
-"""timm's own model tests, run against our models.
-
-The tests come from the sdist of the timm that is imported here (so of the version under test): the archive that
-``TIMM_HBF_TIMM_SDIST`` names (a ``timm-VERSION.tar.gz``, or a folder holding it), else one downloaded from the
-package index, unpacked in the system temp dir (outside this repository), where later runs find it. Without either
-(offline), the tests skip saying how to provide it; on CI (``CI`` set), which has the index, they fail instead.
-Nothing of timm is copied.
-
-* ``test_models_py``: timm's ``tests/test_models.py`` in one subprocess that loads ``timm_hbf`` as a pytest plugin,
-  selecting every model of our family modules (the AttnRes models live in ``vit_qimia``): forward, backward, cfg,
-  TorchScript and fx tests (fx: :data:`CODE_MODELS`).
-* ``test_forward_intermediates*``, ``test_prune_intermediate_layers_contract``: timm parametrizes these over its own
-  modules only, so they are called directly for each of :data:`CODE_MODELS`.
-"""
+"""timm's own tests/test_models.py, from the sdist of the timm imported here (``TIMM_HBF_TIMM_SDIST``: the archive, or
+a folder holding it; else downloaded from the package index into the system temp dir, where later runs find it;
+offline the tests skip saying how to provide it, on CI, ``CI`` set, they fail). ``test_models_py`` runs it in a
+subprocess with ``timm_hbf`` as a pytest plugin on every model of ours; timm parametrizes its intermediates and prune
+tests over its own modules only, so they are called directly for each of :data:`CODE_MODELS`."""
 import importlib.util
 import os
 import re
@@ -38,13 +29,9 @@ SDIST_VARIABLE = 'TIMM_HBF_TIMM_SDIST'  # a timm-VERSION.tar.gz, or a folder hol
 FAMILIES = ['vit_hyperbf', 'vit_qimia', 'vit_attnres']
 MODELS = [name for family in FAMILIES for name in timm.list_models(module=family)]
 
-# timm's fx tests, its intermediates tests and its prune contract check a model's code, which neither its width nor
-# its input size changes, and cost the most (the contract runs O(depth^2) forwards and backwards; tracing a QIMIA model
-# takes seconds: its graph has some 4,000 nodes, each of which torchvision names by a search of the others). They run
-# on one 32 x 32 model of each code path, the tiny ones and those with options of their own: the small, base and
-# 224 x 224 models, and the SURF report's configuration (256 wide, depth 10, patch 8), are the tiny ones' code at
-# other widths, depths and input sizes, and full AttnRes (vit_attnres_tiny) runs the flags of Block AttnRes
-# (vit_attnres_block_tiny) with the one-entry writes of QIMIA (vit_qimia_tiny). timm's other tests run on every model.
+# timm's fx, intermediates and prune tests check a model's code and cost the most: they run on one 32 x 32 model of
+# each code path (the small, base, 224 x 224 and SURF models are the tiny ones' code at other sizes; full AttnRes runs
+# the flags of Block AttnRes with the one-entry writes of QIMIA). timm's other tests run on every model.
 CODE_PATHS_ELSEWHERE = ('_small', '_base', '224', '_surf23', 'vit_attnres_tiny')
 CODE_MODELS = [name for name in MODELS if not any(other in name for other in CODE_PATHS_ELSEWHERE)]
 # Models with a tag whose weights are timm's own on the Hub: the tests run offline, so timm's test that loads every
@@ -143,13 +130,6 @@ def _timm_test(module: ModuleType, name: str):
     return fn
 
 
-def _summary(output: str, outcome: str) -> int:
-    """Count of ``outcome`` ('passed', 'failed', ...) in pytest's final summary line."""
-    lines = [line for line in output.splitlines() if re.search(r'\d+ (passed|failed|deselected|skipped|error)', line)]
-    found = re.search(rf'(\d+) {outcome}', lines[-1]) if lines else None
-    return int(found.group(1)) if found else 0
-
-
 def _selection(models: List[str]) -> str:
     """pytest's ``-k`` expression for timm's tests of ``models``: every test, the fx ones of :data:`CODE_MODELS` only,
     no loading of :data:`HUB_MODELS`' weights. Names match as substrings, so an fx test, whose id ends in its model's
@@ -177,8 +157,7 @@ def test_models_py(timm_sdist: Path, tmp_path: Path):
     rc, output = proc.returncode, proc.stdout
     first_error = [line for line in output.splitlines() if line.startswith('E ')][:30]
     report = '\n'.join([f'$ {" ".join(cmd)}', 'first error:', *first_error, 'output tail:', output[-5000:]])
-    assert rc == 0, report
-    assert _summary(output, 'failed') == 0, report
+    assert rc == 0, report  # no test failed
     passed = set(re.findall(r'::(\w+)\[\d+-([\w.]+)\] PASSED', output))
     expected = {(test, model) for model in MODELS for test in ('test_model_forward', 'test_model_backward')}
     expected |= {(test, model) for model in CODE_MODELS

@@ -7,6 +7,7 @@ import torch
 from timm_hbf.layers import HyperBFAttention, HyperBFMlp
 
 from ..helpers import layer_normed
+from ..layers.test_hyperbf_attention import explicit_attention
 from .device import (
     DEVICE,
     float64_copy,
@@ -26,14 +27,6 @@ TOLERANCE = {'float32': (1e-3, 1e-3), 'bfloat16': (2e-2, 6e-2)}
 # (width, heads, tokens): a head width of 64 at 32x32 / patch 4 (65 tokens) and 48 at 224 / patch 16 (197 tokens)
 SHAPES = [(192, 3, 65), (96, 2, 197)]
 SHAPE_IDS = ['64wide_65tokens', '48wide_197tokens']
-
-
-def attention_formula(layer: HyperBFAttention, x: torch.Tensor) -> torch.Tensor:
-    """``proj(softmax_j(-gamma_h ||q_i - k_j||^2) v_j)`` with explicit distances (``layer`` in float64)."""
-    B, N, C = x.shape
-    q, k, v = layer.qkv(x).reshape(B, N, 3, layer.num_heads, -1).permute(2, 0, 3, 1, 4)
-    logits = -layer.kernel.gamma().view(-1, 1, 1) * torch.cdist(q, k).square()
-    return layer.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(B, N, C))
 
 
 def mlp_formula(mlp: HyperBFMlp, x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +82,7 @@ def check_against(module: torch.nn.Module, formula, x: torch.Tensor, dtype: str,
 def test_attention_computes_the_formula(width, heads, tokens, path, grad, dtype):
     layer = attention_layer(width, heads)
     layer.fused_attn = path == 'fused'
-    check_against(layer, attention_formula, layer_normed(4, tokens, width) * 2, dtype, grad)
+    check_against(layer, explicit_attention, layer_normed(4, tokens, width) * 2, dtype, grad)
 
 
 @needs_cuda
@@ -103,7 +96,7 @@ def test_fused_attention_computes_the_formula_on_every_sdpa_kernel(dtype, backen
     from torch.nn.attention import SDPBackend, sdpa_kernel
     layer = attention_layer(192, 3)
     with sdpa_kernel([getattr(SDPBackend, backend)]):
-        check_against(layer, attention_formula, layer_normed(4, 65, 192) * 2, dtype, grad=True)
+        check_against(layer, explicit_attention, layer_normed(4, 65, 192) * 2, dtype, grad=True)
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import timm_hbf  # noqa: F401  (registers the models)
 
+from ..helpers import run_as
 from .device import COMPILE_BACKEND, DEVICE, gradients_error, needs_device, relative_error
 
 pytestmark = needs_device
@@ -101,7 +102,7 @@ def test_whole_graph_compile_matches_eager(family):
     torch._dynamo.reset()
     cpu = make_model(family)
     model = copy.deepcopy(cpu).to(DEVICE)
-    compiled = torch.compile(model, fullgraph=True, backend=COMPILE_BACKEND)
+    compiled = run_as('compiled_whole', model, None, COMPILE_BACKEND)
     x, y = images()
     assert relative_error(eval_logits(compiled, x), eval_logits(model, x)) < FLOAT32_TOLERANCE
     expected_logits, expected_grads = training_pass(cpu, x, y)
@@ -110,21 +111,14 @@ def test_whole_graph_compile_matches_eager(family):
     assert_gradients_close(grads, expected_grads, BF16_GRADIENTS_TOLERANCE[family])
 
 
-@pytest.mark.parametrize('mode', ['by_region', 'past_a_graph_break'])
+@pytest.mark.parametrize('mode', ['compiled_by_region', 'compiled_past_a_graph_break'])
 @pytest.mark.parametrize('family', ['qimia', 'attnres'])
 def test_regional_compilation_and_a_graph_break_give_the_eager_model(family, mode):
     """Each block compiled on its own, or the whole model with a graph break inside: the eager logits and gradients
     in float32 (the depth memory passes between compiled and eager code unchanged)."""
     torch._dynamo.reset()
     model = make_model(family).to(DEVICE)
-    if mode == 'by_region':
-        compiled = copy.deepcopy(model)
-        for block in compiled.blocks:
-            block.compile(backend=COMPILE_BACKEND)
-    else:
-        compiled = copy.deepcopy(model)
-        compiled.blocks[1].register_forward_hook(lambda module, args, out: torch._dynamo.graph_break())
-        compiled = torch.compile(compiled, backend=COMPILE_BACKEND)
+    compiled = run_as(mode, copy.deepcopy(model), None, COMPILE_BACKEND)
     x, y = images()
     assert relative_error(eval_logits(compiled, x), eval_logits(model, x)) < FLOAT32_TOLERANCE
     torch.manual_seed(0)

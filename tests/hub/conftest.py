@@ -20,9 +20,8 @@ CIFAR10_LABELS = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog'
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    """A loopback Hub, and huggingface_hub in this process using it with an empty cache, logged in with a token that
-    may write. The client reads its settings from the environment as it is imported: they are set on
-    ``huggingface_hub.constants``."""
+    """A loopback Hub, and huggingface_hub in this process using it (``huggingface_hub.constants``) with an empty
+    cache, logged in with a token that may write."""
     with FakeHub() as hub:
         for name, value in dict(ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / 'hf-cache'),
                                 HUGGINGFACE_CO_URL_TEMPLATE=hub.endpoint + '/{repo_id}/resolve/{revision}/{filename}',

@@ -107,17 +107,6 @@ def test_bfloat16_weights_but_the_kernel_widths_load_into_float32(train_run, tmp
     assert all(state[k].dtype == torch.float32 and torch.equal(state[k], w.float()) for k, w in weights.items())
 
 
-def test_a_bare_state_dict_with_model_and_model_kwargs_computes_as_trained(tmp_path):
-    """Some model arguments change no shape (the kernel): --model-kwargs gives them, values read as timm reads them."""
-    trained = timm.create_model(HYPERBF, depth=2, patch_size=8, num_classes=3, kernel='laplacian').eval()
-    save_file(trained.state_dict(), tmp_path / 'weights.safetensors')
-    assert push(tmp_path / 'weights.safetensors', '--repo-id', 'push/bare', '--model', HYPERBF, '--model-kwargs',
-                'depth=2', 'patch_size=8', 'kernel=laplacian', '--dry-run', tmp_path / 'dry') == 0
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        assert torch.equal(local(tmp_path / 'dry')(x), trained(x))
-
-
 def test_a_run_of_train_py_gp_avg_loads_back_pooling_so(tmp_path):
     run = train_like_train_py(tmp_path / 'avg', epochs=1, gp='avg')
     assert push(run, '--repo-id', 'push/avg', '--dry-run', tmp_path / 'dry') == 0
@@ -130,12 +119,16 @@ def test_a_run_of_train_py_gp_avg_loads_back_pooling_so(tmp_path):
     (dict(img_size=48), (3, 48, 48), True),
     (dict(in_chans=1), (1, 32, 32), True),
     (dict(dynamic_img_size=True), (3, 32, 32), False),
+    (dict(patch_size=8, num_classes=3, kernel='laplacian'), (3, 32, 32), True),  # the kernel changes no shape
 ])
-def test_a_model_of_another_input_than_its_tag_s_is_pushed_with_that_input(tmp_path, model_kwargs, input_size, fixed):
+def test_a_bare_state_dict_with_model_and_model_kwargs_is_pushed_with_its_input_and_computes_as_trained(
+        tmp_path, model_kwargs, input_size, fixed):
+    """--model-kwargs gives what the weights do not, values read as timm reads them; torch.save's or safetensors'."""
     trained = timm.create_model(HYPERBF, depth=1, **model_kwargs).eval()
-    torch.save(trained.state_dict(), tmp_path / 'weights.pth')
-    kwargs = [f'{k}={v}' for k, v in model_kwargs.items() if k != 'in_chans']  # the weights give the channels
-    assert push(tmp_path / 'weights.pth', '--repo-id', 'push/input', '--model', HYPERBF, '--model-kwargs', 'depth=1',
+    weights = tmp_path / ('weights.safetensors' if 'kernel' in model_kwargs else 'weights.pth')
+    (save_file if weights.suffix == '.safetensors' else torch.save)(trained.state_dict(), weights)
+    kwargs = [f'{k}={v}' for k, v in model_kwargs.items() if k not in ('in_chans', 'num_classes')]  # in the weights
+    assert push(weights, '--repo-id', 'push/input', '--model', HYPERBF, '--model-kwargs', 'depth=1',
                 *kwargs, '--dry-run', tmp_path / 'dry') == 0
     pushed = local(tmp_path / 'dry')
     cfg = pushed.pretrained_cfg

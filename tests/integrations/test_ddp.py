@@ -1,7 +1,6 @@
-"""torch's DistributedDataParallel, which timm's train.py puts around a model under torchrun: two processes on the CPU
-(gloo), each given half of a batch, take the gradient one process takes on the whole batch and stay in step: every
-family eager, QIMIA with either kind of gradient checkpointing, and QIMIA compiled in either order of wrapping (timm
-1.0.27's train.py compiles before wrapping; 1.0.26's after, where the compiler cuts the graph at DDP's buckets)."""
+"""torch's DistributedDataParallel as timm's train.py uses it: two CPU processes, each given half of a batch, take the
+gradient of one process on the whole batch and stay in step: every family eager, QIMIA with gradient checkpointing,
+and QIMIA compiled before or after wrapping (timm 1.0.27's train.py; 1.0.26's, cut at DDP's buckets)."""
 from datetime import timedelta
 from pathlib import Path
 from typing import Dict, List
@@ -40,10 +39,9 @@ def _batch() -> tuple:
 
 def _train_in_two_processes(rank: int, init_file: str, names: List[str], depth: int, wrapping: str, checkpointing: str,
                             out: str) -> None:
-    """In process ``rank``: for every model, ``STEPS`` SGD steps of DDP on this process's half of the batch beside a
-    copy of the model stepped on the whole batch; saves the first step's gradients of both and every step's
-    parameters. ``checkpointing``: '' (none), 'non_reentrant' or 'reentrant', timm's gradient checkpointing of the
-    DDP model."""
+    """In process ``rank``, for every model: ``STEPS`` SGD steps of DDP on this process's half of the batch beside a
+    copy stepped on the whole batch (``checkpointing``: '', 'non_reentrant' or 'reentrant', of the DDP model); saves
+    the first step's gradients of both and every step's parameters."""
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=WORLD, timeout=TIMEOUT)
     torch.set_num_threads(1)
     images, targets = _batch()
@@ -93,21 +91,16 @@ def assert_trained_in_step(ranks: List[Dict[str, dict]], name: str) -> None:
             assert torch.equal(params[n], others[n]), f'{name}: {n} differs between the processes after step {step}'
 
 
-def test_two_processes_train_as_one_on_the_whole_batch(tmp_path):
-    ranks = train_in_two_processes(tmp_path, FAMILIES, DEPTH)
-    for name in FAMILIES:
+@pytest.mark.parametrize('names, depth, wrapping, checkpointing', [
+    (FAMILIES, DEPTH, '', ''),
+    *((['vit_qimia_tiny'], DEPTH, '', checkpointing) for checkpointing in ('non_reentrant', 'reentrant')),
+    *((['vit_qimia_tiny'], COMPILED_DEPTH, wrapping, '') for wrapping in WRAPPINGS),
+], ids=['every_family', 'qimia_non_reentrant_checkpointing', 'qimia_reentrant_checkpointing',
+        *(f'qimia_{wrapping}' for wrapping in WRAPPINGS)])
+def test_two_processes_train_as_one_on_the_whole_batch(tmp_path, names, depth, wrapping, checkpointing):
+    if wrapping:
+        size = sum(p.numel() * p.element_size() for p in timm.create_model(names[0], depth=depth).parameters())
+        assert size > 2 * 2 ** 20, 'the model fits in two 1 MB buckets: the graph would be cut once at most'
+    ranks = train_in_two_processes(tmp_path, names, depth, wrapping, checkpointing)
+    for name in names:
         assert_trained_in_step(ranks, name)
-
-
-@pytest.mark.parametrize('checkpointing', ['non_reentrant', 'reentrant'])
-def test_qimia_with_gradient_checkpointing_trains_as_one_process(tmp_path, checkpointing):
-    name = 'vit_qimia_tiny'
-    assert_trained_in_step(train_in_two_processes(tmp_path, [name], DEPTH, checkpointing=checkpointing), name)
-
-
-@pytest.mark.parametrize('wrapping', WRAPPINGS)
-def test_compiled_qimia_trains_as_one_process_in_either_order_of_wrapping(tmp_path, wrapping):
-    name = 'vit_qimia_tiny'
-    size = sum(p.numel() * p.element_size() for p in timm.create_model(name, depth=COMPILED_DEPTH).parameters())
-    assert size > 2 * 2 ** 20, 'the model fits in two 1 MB buckets: the graph would be cut once at most'
-    assert_trained_in_step(train_in_two_processes(tmp_path, [name], COMPILED_DEPTH, wrapping), name)

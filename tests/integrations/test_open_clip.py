@@ -1,7 +1,6 @@
-"""OpenCLIP's timm image tower on both families: a CLIP model whose image encoder is one of our pretrained models,
-named in an OpenCLIP config as ``timm_model_name`` and built by OpenCLIP alone, computes the features of that timm
-model, trains contrastively on real CIFAR-10 images, locks as LiT locks it (by the model's ``group_matcher``) and
-gives OpenCLIP's intermediates."""
+"""OpenCLIP's timm image tower on both families: a CLIP model built by OpenCLIP from a config naming one of our
+pretrained models computes that model's features, trains contrastively on real CIFAR-10 images, locks as LiT locks it
+(by the model's ``group_matcher``) and gives OpenCLIP's intermediates."""
 import copy
 import json
 from pathlib import Path

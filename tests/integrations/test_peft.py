@@ -1,7 +1,6 @@
-"""LoRA through PEFT on both families: adapters on the Linear layers of the blocks train on real CIFAR-10 images
-while the model's own weights stay as they are, and merge back into a plain timm model that gives the adapted
-model's outputs. HyperBF's kernel parameters: the centres take LoRA (PEFT's ``target_parameters``); the widths and
-the metric (no matrices PEFT adapts) train in ``modules_to_save``."""
+"""LoRA through PEFT on both families: adapters on the blocks' Linear layers train on real CIFAR-10 images, the
+model's own weights unchanged, and merge into a plain timm model with the adapted outputs. HyperBF's centres take LoRA
+(``target_parameters``); its widths and metric train in ``modules_to_save``."""
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -54,8 +53,7 @@ def adapt_train_merge(
 
 
 def assert_plain_timm_model(merged: nn.Module, name: str, **kwargs) -> None:
-    """``merged`` has the modules and state-dict keys of ``name`` as timm builds it, no adapter left, and loads into
-    it."""
+    """``merged`` is ``name`` as timm builds it, no adapter left, and loads into it."""
     plain = timm.create_model(name, num_classes=10, depth=DEPTH, **kwargs)
     assert type(merged) is type(plain)
     assert merged.state_dict().keys() == plain.state_dict().keys()

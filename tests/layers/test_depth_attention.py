@@ -2,18 +2,12 @@
 the memory itself: plain tensors and lists that autograd (double backward included), the compiler and eager code
 share, and that two writes can branch from."""
 import copy
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from timm_hbf.layers import (
-    DepthAttention,
-    depth_logits,
-    depth_read,
-    depth_weights,
-)
+from timm_hbf.layers import DepthAttention, depth_logits, depth_weights
 
 
 def memory(num_entries=5, batch=2, tokens=3, key_width=8, dim=12, dtype=torch.float64, shared=False, seed=0):
@@ -36,8 +30,7 @@ def placed(read, position, block_size):
 
 
 def store_all(read, memory_, keys, values, shape=(2, 3)):
-    """``memory_`` with the entries stored, those shared by the batch or the tokens as they are, for tokens of
-    ``shape``."""
+    """``memory_`` with the entries stored for tokens of ``shape``, those shared by batch or tokens as they are."""
     tokens = torch.empty(*shape, 1)
     for key, value in zip(keys, values):
         memory_ = read.store(memory_, read.key(value if key is None else key), value, tokens)
@@ -45,8 +38,7 @@ def store_all(read, memory_, keys, values, shape=(2, 3)):
 
 
 def read_entries(read, keys, values, merge_last=False):
-    """Store the entries in a memory for ``read``'s query alone (with ``merge_last``, the last one starts a running
-    block summary, not stored), then read it."""
+    """The entries stored for ``read``'s query alone (``merge_last``: the last one a running summary), then read."""
     memory_ = read.start([read.memory_query()])
     shape = torch.broadcast_shapes(*(v.shape[:-1] for v in values))
     if merge_last:
@@ -86,61 +78,16 @@ def read_with_query(heads=2, key_dim=8, dtype=torch.float64, seed=1, **kwargs):
 
 # --- the read -------------------------------------------------------------------------------------------------------
 
-def test_zero_query_reads_the_uniform_average_of_the_entries():
-    keys, values = memory(dtype=torch.float32)
-    out = read_entries(DepthAttention(8, num_heads=2), keys, values)
-    torch.testing.assert_close(out, torch.stack(values).mean(0), rtol=0, atol=1e-6)
-
-
+@pytest.mark.parametrize('merge_last', [False, True], ids=['stored', 'last-a-running-summary'])
 @pytest.mark.parametrize('shared', [False, True])
 @pytest.mark.parametrize('grad', [True, False])
-def test_read_matches_the_equation_with_heads_splitting_keys_and_values(grad, shared):
+def test_read_matches_the_equation_with_heads_splitting_keys_and_values(grad, shared, merge_last):
+    """A running block summary is read as one more entry."""
     keys, values = memory(shared=shared)
     read = read_with_query()
     with torch.set_grad_enabled(grad):
-        out = read_entries(read, keys, values)
+        out = read_entries(read, keys, values, merge_last)
     torch.testing.assert_close(out, explicit_read(read.query.detach(), keys, values))
-
-
-@pytest.mark.parametrize('shared', [False, True], ids=['per-image', 'values-shared-by-the-batch'])
-def test_depth_read_has_the_gradients_of_the_softmax_and_the_sum(shared):
-    """``depth_read`` over lists of logits and values: Eq. 1 and its gradients as stacked in plain autograd."""
-    g = torch.Generator().manual_seed(0)
-    logits = [torch.randn(2, 3, 2, dtype=torch.float64, generator=g).requires_grad_() for _ in range(4)]
-    values = [torch.randn(1 if shared else 2, 3, 12, dtype=torch.float64, generator=g).requires_grad_()
-              for _ in range(4)]
-    grad = torch.randn(2, 3, 12, dtype=torch.float64, generator=g)
-    weights = torch.stack(logits).softmax(0).unsqueeze(-1)
-    expected = (weights * torch.stack(values).unflatten(-1, (2, -1))).sum(0).flatten(-2)
-    got = depth_read(logits, [v.expand(2, 3, 12) for v in values])
-    torch.testing.assert_close(got, expected)
-    for a, b in zip(*(torch.autograd.grad(out, logits + values, grad) for out in (got, expected))):
-        torch.testing.assert_close(a, b)
-
-
-def test_an_empty_batch_reads_nothing():
-    keys, values = memory(batch=0, shared=True)
-    assert read_entries(read_with_query(), keys, values).shape == (0, 3, 12)
-
-
-@pytest.mark.parametrize('shared', [False, True])
-def test_a_read_merges_the_running_summary_as_one_more_entry(shared):
-    keys, values = memory(shared=shared)
-    read = read_with_query()
-    torch.testing.assert_close(read_entries(read, keys, values, merge_last=True),
-                               explicit_read(read.query.detach(), keys, values))
-
-
-def test_the_memory_keeps_logits_for_every_read_to_come_and_each_read_takes_its_own():
-    """Three reads with their own queries, over the entries stored before each."""
-    reads = [read_with_query(seed=seed) for seed in (1, 2, 3)]
-    keys, values = memory(num_entries=4)
-    memory_ = reads[0].start([r.memory_query() for r in reads])
-    for i, read in enumerate(reads):
-        memory_ = store_all(read, memory_, keys[i:i + 1], values[i:i + 1])
-        assert len(memory_.logits) == 3 - i and all(len(logits) == i + 1 for logits in memory_.logits)
-        out, memory_ = read(memory_)
-        torch.testing.assert_close(out, explicit_read(read.query.detach(), keys[:i + 1], values[:i + 1]))
 
 
 def equation_read(read, keys, values):
@@ -179,8 +126,7 @@ def equation_chain(reads, keys, values):
 @pytest.mark.parametrize('merge', [False, True])
 @pytest.mark.parametrize('num_reads', [3, 9])
 def test_gradients_are_those_of_the_equation(merge, num_reads):
-    """The gradients of entries, keys and queries are those of Eq. 1 computed directly, in one backward pass and in
-    a second over the same graph."""
+    """Of entries, keys and queries: those of Eq. 1 computed directly, in one backward pass and a second one."""
     reads = [read_with_query(seed=seed) for seed in range(1, num_reads + 1)]
     keys, values = memory(num_entries=num_reads + 1, shared=True)
     leaves = [t.requires_grad_() for t in keys + values] + [read.query for read in reads]
@@ -205,8 +151,7 @@ def test_double_backward_passes_gradgradcheck(kernel, key_norm):
 
 
 def test_two_writes_from_one_memory_are_independent():
-    """A memory is a value: writing to it returns a new memory and leaves it as it was, so that two branches from one
-    memory each read their own entries."""
+    """A memory is a value: a write returns a new one, so that two branches from one memory read their own entries."""
     read = read_with_query()
     keys, values = memory(num_entries=3)
     base = store_all(read, read.start([read.memory_query()]), keys[:1], values[:1])
@@ -223,8 +168,7 @@ def test_two_writes_from_one_memory_are_independent():
 
 @pytest.mark.parametrize('compiled', [0, 1], ids=['compiled-then-eager', 'eager-then-compiled'])
 def test_a_memory_passes_between_eager_and_compiled_code_unchanged(compiled):
-    """Regional compilation and graph breaks hand the memory between eager and compiled code: a memory written in
-    one and read in the other gives the eager reads and gradients."""
+    """As regional compilation and graph breaks hand it over: written in one, read in the other, the eager results."""
     reads = [read_with_query(seed=seed) for seed in (1, 2)]
     keys, values = memory(num_entries=3)
     leaves = [t.requires_grad_() for t in values] + [r.query for r in reads]
@@ -246,7 +190,7 @@ def test_a_memory_passes_between_eager_and_compiled_code_unchanged(compiled):
         torch.testing.assert_close(a, b)
 
 
-def test_path_dropout_drops_weights_in_training_only():
+def test_zero_queries_read_the_uniform_average_and_path_dropout_drops_weights_in_training_only():
     keys, values = memory(dtype=torch.float32)
     read = DepthAttention(8, 2, path_drop=.5)
     mean = torch.stack(values).mean(0)
@@ -258,32 +202,17 @@ def test_path_dropout_drops_weights_in_training_only():
 
 # --- dtypes ---------------------------------------------------------------------------------------------------------
 
-def test_bf16_entries_are_summed_in_float32_under_autocast():
-    """The weights and the sum of values are float32 whatever the entries' dtype: a read of 9 bf16 entries equals
-    the float32 read of the same numbers (a bf16 sum would be off by about 1e-2)."""
+def test_bf16_entries_are_read_with_float32_weights_and_sums():
+    """Under autocast the read of 9 bf16 entries is the float32 read of the same numbers; a bf16 query gives that
+    read rounded once to bf16 (bf16 weights or sums would be off by about 1e-2)."""
     keys, values = memory(num_entries=9, dtype=torch.bfloat16)
     values = [v * 50 + 300 for v in values]  # large values: bf16 keeps ~2 digits of them
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = read_entries(DepthAttention(8, 2), keys, values)  # zero queries: uniform weights, exact in any dtype
-    assert out.dtype == torch.float32
     torch.testing.assert_close(out, torch.stack([v.float() for v in values]).mean(0), rtol=1e-6, atol=0)
-
-
-def test_reads_in_float64_stay_in_float64():
-    keys, values = memory()
-    read = read_with_query()
-    assert read_entries(read, keys, values).dtype == depth_weights(read.memory_query(), keys).dtype == torch.float64
-
-
-def test_a_bf16_query_gives_a_bf16_result_of_a_float32_sum():
-    """The float32 read of the same numbers, rounded once to bf16 (bf16 weights or sums would be off by ~1e-2)."""
-    keys, values = memory(dtype=torch.bfloat16)
-    values = [v * 50 + 300 for v in values]
     read = read_with_query(dtype=torch.bfloat16)
-    out = read_entries(read, keys, values)
     expected = read_entries(read.float(), [k.float() for k in keys], [v.float() for v in values])
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
+    torch.testing.assert_close(read_entries(read.bfloat16(), keys, values), expected.bfloat16(), rtol=0, atol=0)
 
 
 # --- stored keys and kernels ----------------------------------------------------------------------------------------
@@ -316,45 +245,25 @@ def test_logits_of_rms_keys_have_the_gradients_of_normalised_keys(heads, shape):
                                                         (k, queries)))
 
 
-def gaussian_read(key_norm=''):
+@pytest.mark.parametrize('key_norm, zero_query', [('', False), ('', True), ('l2', True)],
+                         ids=['queries', 'zero-queries', 'zero-queries-unit-keys'])
+def test_gaussian_kernel_reads_softmax_of_negative_squared_distances(key_norm, zero_query):
+    """Zero queries give softmax_i(-gamma_h ||k_{i,h}||^2), which favours short keys: the uniform average for unit
+    keys alone."""
     read = read_with_query(kernel='gaussian', key_norm=key_norm)
+    gamma = torch.tensor([.3, .7], dtype=torch.float64)
     with torch.no_grad():
-        read.kernel.log_gamma.copy_(torch.tensor([math.log(.3), math.log(.7)]))
+        read.kernel.log_gamma.copy_(gamma.log())
+        read.query.mul_(0. if zero_query else 1.)
     keys, values = memory(num_entries=4)
-    return read, [k * 2 for k in keys], values
-
-
-def gaussian_expected(query, raw_keys, values, gamma, key_norm=''):
-    k = torch.stack(raw_keys).unflatten(-1, (2, -1))  # (L, B, N, H, dk)
-    if key_norm:
-        k = F.normalize(k, dim=-1)
-    weights = (-gamma * (k - query).pow(2).sum(-1)).softmax(0)  # (L, B, N, H)
-    return (weights.unsqueeze(-1) * torch.stack(values).unflatten(-1, (2, -1))).sum(0).flatten(-2)
-
-
-def test_gaussian_kernel_reads_softmax_of_negative_squared_distances():
-    read, raw_keys, values = gaussian_read()
-    expected = gaussian_expected(read.query, raw_keys, values, torch.tensor([.3, .7], dtype=torch.float64))
-    torch.testing.assert_close(read_entries(read, raw_keys, values), expected)
-
-
-def test_gaussian_kernel_with_zero_queries_favours_short_keys():
-    """Zero queries give softmax_i(-gamma_h ||k_{i,h}||^2), not the uniform average (see DepthAttention)."""
-    read, raw_keys, values = gaussian_read()
-    with torch.no_grad():
-        read.query.zero_()
-    expected = gaussian_expected(read.query, raw_keys, values, torch.tensor([.3, .7], dtype=torch.float64))
-    out = read_entries(read, raw_keys, values)
-    torch.testing.assert_close(out, expected)
-    assert not torch.allclose(out, torch.stack(values).mean(0), atol=1e-3)
-
-
-def test_gaussian_kernel_with_unit_keys_and_zero_queries_reads_the_uniform_average():
-    read, raw_keys, values = gaussian_read(key_norm='l2')
-    with torch.no_grad():
-        read.query.zero_()
-    out = read_entries(read, raw_keys, values)
-    torch.testing.assert_close(out, torch.stack(values).mean(0), rtol=0, atol=1e-12)
+    k = torch.stack(keys).unflatten(-1, (2, -1)) * 2  # (L, B, N, H, dk)
+    k = F.normalize(k, dim=-1) if key_norm else k
+    weights = (-gamma * (k - read.query).pow(2).sum(-1)).softmax(0)  # (L, B, N, H)
+    out = read_entries(read, [key * 2 for key in keys], values)
+    torch.testing.assert_close(out, (weights.unsqueeze(-1) * torch.stack(values).unflatten(-1, (2, -1))).sum(0)
+                               .flatten(-2))
+    off_uniform = (out - torch.stack(values).mean(0)).abs().max()
+    assert off_uniform < 1e-12 if zero_query and key_norm else off_uniform > 1e-3
 
 
 # --- writing: entries and block summaries ---------------------------------------------------------------------------

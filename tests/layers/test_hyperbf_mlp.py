@@ -18,36 +18,27 @@ def brute_force_units(mlp, x):
     return log_k.softmax(-1) if mlp.normalized else log_k.exp()
 
 
-@pytest.mark.parametrize('kernel', ['gaussian', 'laplacian'])
-@pytest.mark.parametrize('dim, centers', [(192, 768), (768, 3000)])
-def test_units_are_alive_at_init_on_layer_normed_inputs(dim, centers, kernel):
-    torch.manual_seed(0)
-    mlp = HyperBFMlp(dim, centers, kernel=kernel)
-    x = layer_normed(4, 16, dim)
-    act = mlp.activations(x)
-    # neither ~0 nor ~1, for every unit
-    assert 0.1 < act.mean() < 0.9
-    per_unit = act.mean(dim=(0, 1))
-    assert per_unit.min() > 0.01 and per_unit.max() < 0.99
-    mlp(x).square().mean().backward()
-    for name, p in mlp.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
-    # every centre and every width moves: no dead unit
-    assert (mlp.centers.grad.abs().sum(-1) > 0).all()
-    assert (mlp.kernel.log_gamma.grad != 0).all()
-
-
 @pytest.mark.parametrize('normalized', [False, True], ids=['independent', 'normalized'])
 @pytest.mark.parametrize('kernel', ['gaussian', 'laplacian'])
-def test_init_widths_give_units_of_the_scale_intended(kernel, normalized):
-    """On LayerNorm'd inputs: independent units start with exponents ``-gamma d`` about -1 (``K`` about exp(-1));
-    normalised units with logits that vary across centres by about 1, as in scaled dot-product attention."""
+@pytest.mark.parametrize('dim, centers', [(192, 768), (768, 3000)])
+def test_units_are_alive_at_init_on_layer_normed_inputs(dim, centers, kernel, normalized):
+    """Independent units start with exponents ``-gamma d`` about -1 (``K`` about exp(-1)), every unit neither ~0 nor
+    ~1; normalised ones with logits that vary across centres by about 1, as in scaled dot-product attention. Every
+    centre and width gets a gradient."""
     torch.manual_seed(0)
-    log_units = HyperBFMlp(192, 768, kernel=kernel, normalized=normalized).log_units(layer_normed(2, 8, 192))
+    mlp = HyperBFMlp(dim, centers, kernel=kernel, normalized=normalized)
+    x = layer_normed(4, 16, dim)
+    log_units = mlp.log_units(x)
     if normalized:
         assert .5 < log_units.std(-1).mean() < 2.
     else:
         assert -2. < log_units.mean() < -.5
+        per_unit = mlp.activations(x).mean(dim=(0, 1))
+        assert 0.1 < per_unit.mean() < 0.9 and per_unit.min() > 0.01 and per_unit.max() < 0.99
+    mlp(x).square().mean().backward()
+    for name, p in mlp.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert (mlp.centers.grad.abs().sum(-1) > 0).all() and (mlp.kernel.log_gamma.grad != 0).all()
 
 
 @pytest.mark.parametrize('dim', [192, 768])
@@ -66,15 +57,6 @@ def test_independent_units_start_nearly_linear_normalized_ones_do_not(dim):
         mlp.centers.zero_()
     mlp.init_weights()
     assert mlp.centers.std() > 0.5
-
-
-def test_the_authors_init_would_be_dead():
-    """With gamma = 0.1 (the public code) the same inputs give exp(-124...-186): exactly zero in fp32."""
-    torch.manual_seed(0)
-    mlp = HyperBFMlp(768, 11)
-    with torch.no_grad():
-        mlp.kernel.log_gamma.fill_(math.log(0.1))
-    assert (mlp.activations(layer_normed(2, 16, 768)) == 0).all()
 
 
 @pytest.mark.parametrize('options', [dict(), dict(normalized=True), dict(mahalanobis=True)],
@@ -114,31 +96,24 @@ def test_units_under_bf16_autocast_are_those_of_float32_but_for_the_products_rou
     assert ((under_autocast.double() - exact).abs() <= exact * bound.expm1()).all()
 
 
-def test_cost_is_that_of_an_mlp_no_token_by_centre_by_dim_tensor():
-    mlp = HyperBFMlp(32, 128)
-    x = layer_normed(2, 9, 32)
-    with ShapeRecorder() as recorder:
-        mlp(x).sum().backward()
-    biggest = max(s.numel() for s in recorder.shapes)
-    assert biggest <= max(2 * 9 * 128, 128 * 32)  # activations or centres; (B, N, K, D) would be 32x larger
-
-
-def saved_bytes_per_token(module, dim):
-    """What autograd keeps for the backward pass for each more token (weight-sized tensors cancel)."""
-    few, many = 8, 24
-    saved_few, saved_many = (saved_activation_bytes(module, layer_normed(n, dim).requires_grad_()) for n in (few, many))
-    return (saved_many - saved_few) / (many - few)
-
-
-def test_backward_keeps_the_input_its_norm_and_the_units_less_than_a_gelu_mlp():
+def test_cost_is_that_of_an_mlp_and_backward_keeps_less_than_a_gelu_mlp():
+    """No (tokens, centres, dim) tensor, forward or backward; backward keeps the input, its norm and the units for
+    each token: less than the input, fc1 and GELU outputs of timm's Mlp."""
     dim, centers = 32, 128
-    assert saved_bytes_per_token(HyperBFMlp(dim, centers), dim) == 4 * (dim + 1 + centers)
-    assert saved_bytes_per_token(Mlp(dim, centers), dim) == 4 * (dim + 2 * centers)  # input, fc1 and GELU outputs
+    with ShapeRecorder() as recorder:
+        HyperBFMlp(dim, centers)(layer_normed(2, 9, dim)).sum().backward()
+    assert max(s.numel() for s in recorder.shapes) <= max(2 * 9 * centers, centers * dim)  # (B, N, K, D): 32x more
+
+    def saved_bytes_per_token(module):  # weight-sized tensors cancel
+        saved = [saved_activation_bytes(module, layer_normed(n, dim).requires_grad_()) for n in (8, 24)]
+        return (saved[1] - saved[0]) / 16
+
+    assert saved_bytes_per_token(HyperBFMlp(dim, centers)) == 4 * (dim + 1 + centers)
+    assert saved_bytes_per_token(Mlp(dim, centers)) == 4 * (dim + 2 * centers)
 
 
 def test_dropout_acts_in_training_only_and_keeps_the_expected_output():
-    """Training: unit activations and outputs dropped with probability p and the rest scaled by 1 / (1 - p), each draw
-    another, their mean the output without dropout; evaluation: that output."""
+    """Unit activations and outputs: :func:`dropout_matches_its_expectation`."""
     torch.manual_seed(0)
     plain = HyperBFMlp(48, 96)
     with_dropout = HyperBFMlp(48, 96, drop=.5)
@@ -147,8 +122,7 @@ def test_dropout_acts_in_training_only_and_keeps_the_expected_output():
 
 
 def test_timm_block_drives_the_layer_with_its_arguments():
-    """timm's Block passes act_layer (unused: the kernel is the nonlinearity), bias, drop and, with scale_mlp_norm,
-    a norm over the units."""
+    """act_layer (unused: the kernel is the nonlinearity), bias, drop and (scale_mlp_norm) a norm over the units."""
     block = Block(48, 3, mlp_ratio=2., scale_mlp_norm=True, proj_bias=False, mlp_layer=HyperBFMlp)
     assert isinstance(block.mlp, HyperBFMlp) and block.mlp.centers.shape == (96, 48)
     assert isinstance(block.mlp.norm, torch.nn.LayerNorm) and block.mlp.readout.bias is None

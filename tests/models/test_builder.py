@@ -1,8 +1,6 @@
-"""Pretrained weights through ``build_vit``: a tag's weights file loads offline like timm's own weights, read by timm,
-and every bad tag or weights file is an error that names it, says what is wrong and how to fix it.
-
-The models here are small HyperBF and QIMIA ViTs registered by this module, whose default tag points at a bf16
-safetensors file as the shipped weights will."""
+"""Pretrained weights through ``build_vit``: a tag's weights file loads offline like timm's own weights, and every bad
+tag or weights file is an error that names it, says what is wrong and how to fix it. The models: small HyperBF and
+QIMIA ViTs registered here, whose default tag points at a bf16 safetensors file as the shipped weights do."""
 import argparse
 import sys
 from pathlib import Path
@@ -97,9 +95,11 @@ def test_pretrained_loads_the_bf16_file_of_the_default_tag_into_float32(shipped,
     assert timm.list_pretrained('buildertest_*') == [f'{HYPERBF}.missing', f'{HYPERBF}.shipped', f'{QIMIA}.shipped']
 
 
-@pytest.mark.parametrize('num_classes', [5, 0])
-def test_a_new_num_classes_resets_the_head_and_loads_the_rest(shipped, num_classes):
-    model = timm.create_model(HYPERBF, pretrained=True, num_classes=num_classes)
+@pytest.mark.parametrize('num_classes, overlay', [(5, {}), (0, {}), (4, dict(num_classes=-1))],
+                         ids=['classes', 'no_head', 'train_py_pretrained_path'])  # train.py's overlay forces a new head
+def test_a_new_num_classes_resets_the_head_and_loads_the_rest(shipped, num_classes, overlay):
+    model = timm.create_model(HYPERBF, pretrained=True, num_classes=num_classes,
+                              pretrained_cfg_overlay=overlay and dict(overlay, file=str(shipped[HYPERBF])))
     assert model.num_classes == num_classes and model(torch.randn(1, 3, 32, 32)).shape[-1] == (num_classes or 32)
     assert_loaded(model, load_file(shipped[HYPERBF]), but=('head.weight', 'head.bias'))
 
@@ -123,8 +123,7 @@ def test_a_checkpoint_of_train_py_loads_its_ema_weights_as_timm_does(shipped, tm
 
 @pytest.mark.parametrize('file', ['weights.pth', 'weights.safetensors'])
 def test_own_weights_load_as_timm_loads_them(shipped, tmp_path, file):
-    """A file of the cfg's number of classes loads whole; one of another number needs it named, as for timm's models
-    (model and cfg), and the error says so."""
+    """A file of another number of classes than the cfg's needs it named (model and cfg), and the error says so."""
     save = torch.save if file.endswith('.pth') else save_file
     save(weights(HYPERBF), tmp_path / file)
     assert_loaded(timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / file))),
@@ -145,17 +144,8 @@ def test_timm_adapts_the_stem_to_in_chans(shipped, name):
     assert_loaded(model, load_file(shipped[name]), but=('patch_embed.proj.weight',))
 
 
-def test_train_py_pretrained_path_loads_all_but_the_head(shipped):
-    """train.py --pretrained --pretrained-path FILE --num-classes 4: its overlay forces a new head."""
-    overlay = dict(file=str(shipped[HYPERBF]), num_classes=-1)
-    model = timm.create_model(HYPERBF, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=4)
-    assert model.num_classes == 4
-    assert_loaded(model, load_file(shipped[HYPERBF]), but=('head.weight', 'head.bias'))
-
-
 def test_the_tags_class_names_go_with_its_weights_only(shipped, tmp_path):
-    """A tag's class names (which timm's inference.py prints) describe its weights: a model with another number of
-    classes, or given weights of one's own without names, has none."""
+    """A tag's class names describe its weights: another number of classes, or own weights without names, has none."""
     def names(**kwargs):
         names = timm.create_model(HYPERBF, **kwargs).pretrained_cfg.get('label_names')
         return None if names is None else tuple(names)
@@ -258,7 +248,6 @@ def test_a_checkpoint_of_the_other_family_names_what_differs(shipped, tmp_path):
     (dict(depth=1, embed_dim=48), ['of another shape (cls_token (1, 1, 48) for (1, 1, 32)', 'embed_dim=48']),
     (dict(depth=3), ['unexpected (blocks.2.', 'have 3 blocks']),
     (dict(init_values=1e-5), ['init_values']),
-    (dict(global_pool='avg'), ['fc_norm']),
 ])
 def test_weights_of_another_shape_name_the_argument_that_fits_them(shipped, tmp_path, kwargs, named):
     save_file(weights(HYPERBF, **kwargs), tmp_path / 'w.safetensors')

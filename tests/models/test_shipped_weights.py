@@ -1,7 +1,6 @@
-"""The weights that ship in the wheel (``timm_hbf/weights/MODEL.TAG.safetensors``): one file per model, its default
-tag; each file is bf16 and small, loads offline with ``pretrained=True`` like timm's own weights, and classifies the
-CIFAR-10 sample that comes with the repository exactly as it did when the weights were made, also compiled and
-exported."""
+"""The weights in the wheel (``timm_hbf/weights/MODEL.TAG.safetensors``), one bf16 file per model, its default tag:
+each loads offline with ``pretrained=True`` and classifies the repository's CIFAR-10 sample as when it was made, also
+compiled and exported."""
 from pathlib import Path
 
 import pytest
@@ -31,23 +30,17 @@ def sample(model, cifar10_sample):
     return map(torch.stack, zip(*((image, torch.tensor(label)) for image, label in test)))
 
 
-def test_the_weights_with_a_tag_are_the_files_that_ship_one_per_model_its_default_tag():
+def test_the_weights_with_a_tag_are_the_files_that_ship_one_per_model_its_default_tag_bf16_under_16_mb():
     with_weights = timm.list_models(module=['vit_hyperbf', 'vit_qimia', 'vit_attnres'], pretrained=True)
     assert [name for name in with_weights if timm.models.get_pretrained_cfg(name).file] == sorted(SHIPPED)
     assert sorted(path.name for path in WEIGHTS.iterdir()) == sorted(f'{name}.safetensors' for name in SHIPPED)
     for name in SHIPPED:
         arch, tag = name.split('.')
+        path = WEIGHTS / f'{name}.safetensors'
         assert timm.create_model(arch, device='meta').pretrained_cfg['tag'] == tag
-        assert timm.models.get_pretrained_cfg(name).file == str(WEIGHTS / f'{name}.safetensors')
-
-
-@pytest.mark.parametrize('name', SHIPPED)
-def test_each_is_bf16_but_its_kernel_widths_under_16_mb(name):
-    path = WEIGHTS / f'{name}.safetensors'
-    assert path.stat().st_size < 16e6
-    dtypes = {name: tensor.dtype for name, tensor in load_file(path).items()}
-    assert {dtype for name, dtype in dtypes.items() if not name.endswith('.log_gamma')} == {torch.bfloat16}
-    assert {dtype for name, dtype in dtypes.items() if name.endswith('.log_gamma')} <= {torch.float32}  # the widths
+        assert timm.models.get_pretrained_cfg(name).file == str(path) and path.stat().st_size < 16e6
+        assert all(tensor.dtype == (torch.float32 if key.endswith('.log_gamma') else torch.bfloat16)  # the widths
+                   for key, tensor in load_file(path).items()), name
 
 
 @pytest.mark.parametrize('name', SHIPPED)

@@ -5,7 +5,7 @@ import math
 import pytest
 import timm
 import torch
-from timm.models import VisionTransformer
+from timm.models import vision_transformer as vit
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
@@ -78,7 +78,7 @@ def test_memo_configuration_follows_the_authors_code_and_nrbf_has_normalized_uni
     """The memo's model: 3000 centres, no qkv bias, one attention width per layer starting where the authors' learned
     scale starts (head_dim ** -0.5). vit_hyperbf_nrbf_tiny is vit_hyperbf_tiny with mlp_normalized=True."""
     block = timm.create_model('vit_hyperbf_memo143_patch4_32').blocks[0]
-    assert block.mlp.centers.shape == (3000, 768) and block.attn.qkv.bias is None
+    assert block.attn.qkv.bias is None
     torch.testing.assert_close(block.attn.kernel.gamma(), torch.tensor([192 ** -0.5]))
     nrbf, plain = (timm.create_model(name, device='meta') for name in ('vit_hyperbf_nrbf_tiny', 'vit_hyperbf_tiny'))
     assert all(block.mlp.normalized for block in nrbf.blocks) and not any(b.mlp.normalized for b in plain.blocks)
@@ -92,30 +92,6 @@ def test_every_model_meets_timms_model_contract(name):
 
 
 # --- architecture and options ----------------------------------------------------------------------------------------
-
-def test_is_timms_vision_transformer_with_hyperbf_layers():
-    model = small()
-    assert isinstance(model, VisionTransformer)
-    assert all(type(b) is timm.models.vision_transformer.Block for b in model.blocks)
-    assert all(isinstance(b.attn, HyperBFAttention) and isinstance(b.mlp, HyperBFMlp) for b in model.blocks)
-    assert not any(b.attn.fused_attn for b in timm.create_model('vit_hyperbf_tiny', depth=1, exportable=True).blocks)
-
-
-@pytest.mark.parametrize('block_fn', ['ResPostBlock', 'ParallelThingsBlock'])
-def test_timms_other_blocks_are_built_with_hyperbf_layers(block_fn):
-    """timm's post-norm and parallel blocks take the attention and MLP layers they are given."""
-    model = small(block_fn=getattr(timm.models.vision_transformer, block_fn))
-    assert all(type(b).__name__ == block_fn for b in model.blocks)
-    for kind in (HyperBFAttention, HyperBFMlp):
-        assert all(any(isinstance(m, kind) for m in b.modules()) for b in model.blocks)
-    train_step(model)
-
-
-def test_a_block_that_builds_layers_of_its_own_is_refused():
-    """timm's ParallelScalingBlock fuses a linear attention and MLP of its own: it would be timm's ViT."""
-    with pytest.raises(ValueError, match='block_fn .*ParallelScalingBlock'):
-        small(block_fn=timm.models.vision_transformer.ParallelScalingBlock)
-
 
 @pytest.mark.parametrize('case', ['vit_hyperbf_default', 'vit_hyperbf_options', 'vit_hyperbf_avgpool'])
 def test_checkpoints_of_version_0_1_load_and_give_their_logits(case):
@@ -143,10 +119,17 @@ def test_checkpoints_of_version_0_1_load_and_give_their_logits(case):
     (dict(global_pool='map'), 65),
     (dict(pos_embed='none', class_token=False, global_pool='avg'), 64),
     (dict(fix_init=True), 65),
+    *((dict(block_fn=getattr(vit, block)), 65) for block in ('ResPostBlock', 'ParallelThingsBlock')),
 ], ids=[*OPTIONS, 'layer_scale', 'dropout', 'registers', 'no_embed_class', 'norms', 'attention_pool',
-        'no_position_embedding', 'fix_init'])
-def test_every_option_trains_a_step_with_a_gradient_for_every_parameter(kwargs, tokens):
+        'no_position_embedding', 'fix_init', 'post_norm_blocks', 'parallel_blocks'])
+def test_every_option_is_timms_vit_with_hyperbf_layers_and_trains_a_step_with_a_gradient_for_every_parameter(
+        kwargs, tokens):
+    """timm's post-norm and parallel blocks too take the attention and MLP layers they are given."""
     model = small(**kwargs)
+    assert isinstance(model, vit.VisionTransformer)
+    assert {type(b) for b in model.blocks} == {kwargs.get('block_fn', vit.Block)}
+    for kind in (HyperBFAttention, HyperBFMlp):
+        assert all(any(isinstance(m, kind) for m in b.modules()) for b in model.blocks)
     assert model.forward_features(images()).shape == (2, tokens, 192)
     train_step(model)
     assert torch.isfinite(model(images())).all()
@@ -165,14 +148,14 @@ def test_dynamic_img_size_and_set_input_size():
     assert model.pos_embed.shape == (1, 1 + 144, 192) and model(images(size=48)).shape == (2, 10)
 
 
-def test_pretrained_loading_adapts_size_channels_and_classes(tmp_path):
+def test_pretrained_loading_adapts_the_size(tmp_path):
+    """The position embedding resampled as timm's ViT does (channels and classes: tests/models/test_builder.py)."""
     source = small()
     torch.save({'state_dict': source.state_dict(), 'epoch': 3}, tmp_path / 'checkpoint.pth')  # train.py's format
-    model = timm.create_model('vit_hyperbf_tiny', depth=2, pretrained=True, img_size=64, in_chans=1, num_classes=5,
+    model = timm.create_model('vit_hyperbf_tiny', depth=2, pretrained=True, img_size=64,
                               pretrained_cfg_overlay=dict(file=str(tmp_path / 'checkpoint.pth')))
-    assert model.pos_embed.shape == (1, 1 + 256, 192) and model.patch_embed.proj.weight.shape[1] == 1
+    assert model.pos_embed.shape == (1, 1 + 256, 192) and model(torch.randn(2, 3, 64, 64)).shape == (2, 10)
     torch.testing.assert_close(model.blocks[1].mlp.centers, source.blocks[1].mlp.centers)
-    assert model(torch.randn(2, 1, 64, 64)).shape == (2, 5)
 
 
 def test_weight_decay_spares_widths_centres_metrics_and_embeddings_and_layer_decay_goes_by_block():
@@ -189,16 +172,12 @@ def test_weight_decay_spares_widths_centres_metrics_and_embeddings_and_layer_dec
 
 
 @pytest.mark.parametrize('rate', ['attn_drop_rate', 'proj_drop_rate'])
-def test_dropout_rates_reach_the_hyperbf_layers_and_act_in_training_only(rate):
+def test_dropout_rates_reach_the_hyperbf_layers(rate):
     """timm's ViT hands ``attn_drop_rate`` to the attention's weights and ``proj_drop_rate`` to the attention's output
-    and to the MLP's units and output: each draw in training another, in evaluation the model without dropout."""
-    model, plain = small(**{rate: .5}), small().eval()
-    for b in model.blocks:
+    and to the MLP's units and output (how they act: tests/layers)."""
+    for b in small(**{rate: .5}).blocks:
         dropouts = [b.attn.attn_drop] if rate == 'attn_drop_rate' else [b.attn.proj_drop, b.mlp.drop1, b.mlp.drop2]
         assert [d.p for d in dropouts] == [.5] * len(dropouts)
-    with torch.no_grad():
-        assert not torch.allclose(model(images()), model(images()))
-        torch.testing.assert_close(model.eval()(images()), plain(images()))
 
 
 def test_bf16_autocast_with_huge_inputs_has_no_nan_or_inf():
@@ -223,6 +202,8 @@ def test_grad_checkpointing_gives_identical_outputs_and_gradients(checkpointing_
 # --- arguments a user may get wrong ----------------------------------------------------------------------------------
 
 def test_no_attention_width_means_the_default_and_a_given_one_is_kept():
+    """-gamma ||q - k||^2 = 2 gamma q.k - gamma ||q||^2 - gamma ||k||^2: at the default width 1 / (2 sqrt(head_dim))
+    the q.k term is q.k / sqrt(head_dim), the logits of scaled dot-product attention."""
     torch.testing.assert_close(small(attn_gamma_init=None).blocks[0].attn.kernel.gamma(),
                                torch.full((3,), 1 / (2 * math.sqrt(64))))
     torch.testing.assert_close(small(attn_gamma_init=0.3).blocks[1].attn.kernel.gamma(), torch.full((3,), 0.3))
@@ -234,6 +215,8 @@ def test_no_attention_width_means_the_default_and_a_given_one_is_kept():
     (dict(attn_gamma_init='0.1'), TypeError, "attn_gamma_init .*got '0.1'"),
     (dict(kernel='Gaussian'), ValueError, "kernel .*got 'Gaussian'"),
     (dict(mlp_ratio=0.), ValueError, 'hidden_features .*mlp_ratio'),  # no centres, not embed_dim centres
+    # ParallelScalingBlock fuses a linear attention and MLP of its own: it would be timm's ViT
+    (dict(block_fn=timm.models.vision_transformer.ParallelScalingBlock), ValueError, 'block_fn .*ParallelScaling'),
 ])
 def test_a_bad_argument_raises_naming_it_and_its_value(kwargs, error, named):
     with pytest.raises(error, match=named):
@@ -251,8 +234,7 @@ def test_a_bad_argument_raises_naming_it_and_its_value(kwargs, error, named):
     (dict(drop_path_rate=1.), ValueError, 'drop_path_rate .*got 1.0'),
 ])
 def test_timm_vit_arguments_are_checked_in_every_family(kwargs, error, named):
-    """timm's ViT would build a model without blocks at depth 0 or without a head at num_classes -1, and fail deep
-    inside on the rest."""
+    """timm's ViT would build a model without blocks or head, or fail deep inside."""
     for family in ('vit_hyperbf_tiny', 'vit_qimia_tiny', 'vit_attnres_tiny'):
         with pytest.raises(error, match=named):
             timm.create_model(family, **dict(dict(depth=1), **kwargs))
@@ -262,10 +244,10 @@ def test_timm_vit_arguments_are_checked_in_every_family(kwargs, error, named):
 
 @pytest.mark.parametrize('path', ['fused', 'reference'])
 def test_every_batch_gives_the_logits_of_its_images(path):
+    """The reference path serves timm's exportable models."""
     def build():
-        model = small()
-        for block in model.blocks:
-            block.attn.fused_attn = path == 'fused'
+        model = small(exportable=path == 'reference')
+        assert all(block.attn.fused_attn == (path == 'fused') for block in model.blocks)
         return model
 
     assert_every_batch_gives_the_logits_of_its_images(build)
@@ -276,8 +258,7 @@ def test_every_batch_gives_the_logits_of_its_images(path):
 @pytest.mark.slow
 @pytest.mark.parametrize('option', OPTIONS)
 def test_every_option_compiles_whole_scripts_and_exports(option):
-    """fullgraph=True raises on any graph break; aot_eager runs the captured forward and backward graphs as they are;
-    TorchScript and torch.export (a dynamic batch) give the eager outputs."""
+    """torch.compile(fullgraph=True) (aot_eager), TorchScript and torch.export give the eager outputs."""
     model = small(depth=1, **OPTIONS[option])
     compiled_matches_eager(model, images(), 'aot_eager')
     with torch.no_grad():

@@ -1,6 +1,5 @@
 """The QIMIA ViT family and Attention Residuals: depth attention in place of residuals (Eq. 1 over the entries each read
 sees), the report's and AttnRes's options, every input a user may give, timm's API, and every execution mode."""
-import inspect
 import json
 from typing import List, NamedTuple, Optional
 
@@ -10,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from timm.data import ImageDataset, create_transform
-from timm.layers import Attention, resample_abs_pos_embed, resample_patch_embed
-from timm.models import VisionTransformer, save_for_hf
+from timm.layers import Attention, AttentionPoolLatent, AttentionPoolPrr, resample_abs_pos_embed, resample_patch_embed
+from timm.models import save_for_hf
 from timm.optim import create_optimizer_v2
 
 import timm_hbf  # noqa: F401  (registers the models)
@@ -24,7 +23,7 @@ from tests.helpers import (
     run_as,
     saved_activation_bytes,
 )
-from timm_hbf.layers import AttnResBlock, DepthAttention, depth_weights, normalized_entropy
+from timm_hbf.layers import AttnResBlock, DepthAttention, depth_weights
 from timm_hbf.models._builder import CIFAR10_MEAN, CIFAR10_STD
 from timm_hbf.models.vit_qimia import VisionTransformerQimia, checkpoint_filter_fn
 
@@ -50,10 +49,13 @@ ALL_ATTNRES_OPTIONS = dict(ATTNRES, value_norm='batchnorm', depth_kernel='gaussi
 FAMILIES = {'qimia': {}, 'attnres': ATTNRES}
 
 
-def small(**kwargs) -> VisionTransformerQimia:
-    """A two-layer vit_qimia_tiny (unless told otherwise), for speed."""
+def small(queries: float = 0., **kwargs) -> VisionTransformerQimia:
+    """A two-layer vit_qimia_tiny (unless told otherwise), with queries of standard deviation ``queries``."""
     torch.manual_seed(0)
-    return timm.create_model('vit_qimia_tiny', **dict(dict(depth=2), **kwargs))
+    model = timm.create_model('vit_qimia_tiny', **dict(dict(depth=2), **kwargs))
+    if queries:
+        randomize_queries(model, queries)
+    return model
 
 
 def images(batch: int = 2, size: int = 32) -> torch.Tensor:
@@ -61,9 +63,8 @@ def images(batch: int = 2, size: int = 32) -> torch.Tensor:
 
 
 def randomize_queries(model: torch.nn.Module, std: float = .5, per_width: bool = False) -> None:
-    """Queries start at zero, where keys get no gradient; a trained model's queries are not. ``per_width``: ``std``
-    over the square root of a depth head's width, the scale of trained queries (the shipped weights' queries have a
-    standard deviation of 0.03 in AttnRes's 192-wide head and 0.09 in QIMIA's heads of 8: about 0.4 / sqrt(width))."""
+    """Queries start at zero, where keys get no gradient. ``per_width``: ``std / sqrt(width)`` of a depth head, the
+    scale of trained queries (the shipped weights': about 0.4 / sqrt(width))."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -72,8 +73,7 @@ def randomize_queries(model: torch.nn.Module, std: float = .5, per_width: bool =
 
 
 class Sublayer(NamedTuple):
-    """A sublayer of either kind of block: its read (and write), the norm, the body and layer scale it applies to
-    what it reads, and its key and value paths."""
+    """A sublayer of either kind of block: its read, norm, body, layer scale, and key and value paths."""
     read: DepthAttention
     norm: torch.nn.Module
     body: torch.nn.Module
@@ -95,8 +95,7 @@ def sublayers(model: VisionTransformerQimia) -> List[Sublayer]:
 
 
 def eq1(read: DepthAttention, entries: list) -> torch.Tensor:
-    """Eq. 1 over explicit entries (stored key, value): the softmax over all their logits at once, the weighted sum
-    of their values."""
+    """Eq. 1 over explicit (stored key, value) entries: one softmax over all their logits, the sum of their values."""
     weights = depth_weights(read.memory_query(), [k for k, _ in entries], read.rms_logits)[..., 0, :]  # (.., H, L)
     values = torch.stack(torch.broadcast_tensors(*[v.float() for _, v in entries]), -2)  # (..., L, D)
     values = values.unflatten(-1, (read.num_heads, -1)).transpose(-3, -2)  # (..., H, L, Dv)
@@ -104,9 +103,8 @@ def eq1(read: DepthAttention, entries: list) -> torch.Tensor:
 
 
 def reference_features(model: VisionTransformerQimia, x: torch.Tensor) -> tuple:
-    """``forward_features`` computed the direct way: every read is :func:`eq1` over the entries it sees (the stem's,
-    the finished block summaries and the current one), a sublayer with no read takes the one entry there is. Also
-    the entries each read saw."""
+    """``forward_features`` computed directly, every read :func:`eq1` over the entries it sees (the stem's, the
+    finished block summaries and the current one; without a read, the one entry there is); and those entries."""
     read_out = model.read_out
     entries = [(read_out.key(v if k is None else k), v) for k, v in model.embed(x)]
     seen, current = [], None
@@ -158,15 +156,13 @@ def test_configurations(name, size, patch, width, heads, key_dim, depth_heads):
     assert mlp.read.query.shape == (depth_heads, key_dim // depth_heads)
 
 
-def test_attnres_models_set_every_attnres_difference_and_block_attnres_blocks_of_two_layers():
-    full, block = (timm.create_model(name, device='meta') for name in ('vit_attnres_tiny', 'vit_attnres_block_tiny'))
-    for model in (full, block):
-        assert model.patch_key is None and all(b.key is None for b in sublayers(model))  # keys from values
-        assert model.sublayer_values
-        # the first sublayer takes the token embedding as it is: no read, no query (AttnRes's first layer)
-        assert [b.read.query is not None for b in sublayers(model)] == [False] + [True] * 23
-    assert [b.read.position for b in sublayers(full)] == [0] * 24
-    assert [b.read.position for b in sublayers(block)] == [0, 1, 2, 3] * 6
+@pytest.mark.parametrize('name, positions', [('vit_attnres_tiny', [0]), ('vit_attnres_block_tiny', [0, 1, 2, 3])])
+def test_attnres_models_set_every_attnres_difference_and_block_attnres_blocks_of_two_layers(name, positions):
+    """Keys from values, sublayer values; the first sublayer takes the token embedding as it is (no read)."""
+    model = timm.create_model(name, device='meta')
+    assert model.patch_key is None and all(b.key is None for b in sublayers(model)) and model.sublayer_values
+    assert [b.read.query is not None for b in sublayers(model)] == [False] + [True] * 23
+    assert [b.read.position for b in sublayers(model)] == positions * (24 // len(positions))
 
 
 def test_report_configuration():
@@ -194,32 +190,17 @@ def test_every_model_meets_timms_model_contract(name):
 @pytest.mark.parametrize('option', [o for o in OPTIONS if o != 'path_dropout'])
 def test_every_read_is_eq_1_over_the_entries_it_sees(option):
     """The memory's online sums give, for every option, what Eq. 1 computed over explicit entries gives."""
-    model = small(depth=3, **OPTIONS[option]).eval()
-    randomize_queries(model)
+    model = small(.5, depth=3, **OPTIONS[option]).eval()
     with torch.no_grad():
         expected, _ = reference_features(model, images())
         torch.testing.assert_close(model.forward_features(images()), expected, rtol=0, atol=1e-4)
-
-
-def test_every_read_at_init_is_the_uniform_average_of_the_entries_it_sees_and_trained_queries_move_it():
-    model = small(depth=3).eval()
-    with torch.no_grad():
-        _, seen = reference_features(model, images())
-        for block, visible in zip(sublayers(model), seen):
-            weights = depth_weights(block.read.memory_query(), [k for k, _ in visible])
-            torch.testing.assert_close(weights, torch.full_like(weights, 1 / len(visible)))
-        assert [len(visible) for visible in seen] == [2, 3, 4, 5, 6, 7, 8]
-        randomize_queries(model, std=3.)
-        _, seen = reference_features(model, images())
-        assert normalized_entropy(depth_weights(model.read_out.memory_query(), [k for k, _ in seen[-1]])) < .99
 
 
 @pytest.mark.parametrize('family', FAMILIES)
 def test_block_memory_reads_the_stem_the_finished_summaries_and_the_current_one(family):
     """memory_block_size 3: sublayers 0-2 and 3-5 form two summaries (values summed); every read sees the stem's
     entries, the finished summaries and the current one (Block AttnRes)."""
-    model = small(depth=3, memory_block_size=3, **FAMILIES[family]).eval()
-    randomize_queries(model)
+    model = small(.5, depth=3, memory_block_size=3, **FAMILIES[family]).eval()
     values = []
     for block in sublayers(model):
         block.value.register_forward_hook(lambda m, i, o: values.append(o))
@@ -238,13 +219,11 @@ def test_null_entry_is_read_first_with_a_learned_key_also_under_keys_from_values
     (key, value), *rest = model.embed(images())
     assert key is model.null_key and value is model.null_value and model.null_key.norm() > 1
     assert [value.shape for _, value in small(null_entry=True).embed(images())] == [(192,), (2, 65, 192), (1, 65, 192)]
-    assert {'null_key', 'null_value'} <= model.no_weight_decay()
 
 
 def test_attnres_is_eq_1_2_over_the_embedding_and_the_sublayer_outputs():
-    """Full AttnRes: h_l = sum_i softmax_i(w_l . RMSNorm(v_i)) v_i over v_0 (the embedding) and the outputs of
-    every earlier sublayer, each sublayer a pre-norm timm block (Attention, Mlp) of its input h_l; the first takes v_0
-    itself."""
+    """Full AttnRes: h_l = sum_i softmax_i(w_l . RMSNorm(v_i)) v_i over the embedding v_0 and every earlier sublayer's
+    output, each sublayer timm's pre-norm Attention or Mlp of its h_l; the first takes v_0 itself."""
     model = timm.create_model('vit_attnres_tiny', depth=2).eval()
     randomize_queries(model)
     assert [type(b.body).__name__ for b in sublayers(model)[:2]] == ['Attention', 'Mlp']
@@ -267,8 +246,7 @@ def test_attnres_is_eq_1_2_over_the_embedding_and_the_sublayer_outputs():
 
 @pytest.mark.parametrize('family', FAMILIES)
 def test_training_keeps_memory_linear_in_depth(family):
-    """What a training step keeps for the backward pass grows by the same amount with every layer: the reads keep
-    the memory's stack of entries, not a copy of it each."""
+    """What a training step keeps for backward grows by the same amount a layer: no read keeps a copy of the memory."""
     saved = [saved_activation_bytes(small(depth=depth, **FAMILIES[family]), images()) for depth in (2, 4, 8)]
     assert saved[2] - saved[1] == pytest.approx(2 * (saved[1] - saved[0]), rel=.1)
 
@@ -297,8 +275,7 @@ def test_block_memory_frees_merged_entries_in_inference():
 def test_grad_checkpointing_gives_identical_outputs_and_gradients(option, checkpointing_reentrant):
     """With an attention mask too. Reentrant checkpointing sees only the tensors passed to it: the memory goes to each
     layer as tensors (the gradients then equal up to float32 rounding: a stack's gradients add up in another order)."""
-    model = small(**dict(OPTIONS[option], depth=3))
-    randomize_queries(model)
+    model = small(.5, **dict(OPTIONS[option], depth=3))
     mask = torch.ones(65, 65).tril().bool()
     results = []
     for checkpointing in (False, True):
@@ -319,14 +296,10 @@ def test_grad_checkpointing_gives_identical_outputs_and_gradients(option, checkp
 
 @pytest.mark.parametrize('family', FAMILIES)
 def test_dropout_rates_act_in_training_only(family):
-    """Each of timm's ViT dropout rates (before the head, on the patch entry, after the token attention and the
-    feed-forward hidden layer, on the token-attention weights): each draw in training another, in evaluation the model
-    without dropout."""
-    plain = small(**FAMILIES[family]).eval()
-    randomize_queries(plain)
+    """Each of timm's ViT dropout rates: each draw in training another, in evaluation the model without dropout."""
+    plain = small(.5, **FAMILIES[family]).eval()
     for rate in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate'):
-        model = small(**FAMILIES[family], **{rate: .5})
-        randomize_queries(model)
+        model = small(.5, **FAMILIES[family], **{rate: .5})
         with torch.no_grad():
             assert not torch.allclose(model(images()), model(images())), rate
             torch.testing.assert_close(model.eval()(images()), plain(images()), msg=rate)
@@ -354,9 +327,8 @@ def gradients(model: torch.nn.Module, batch, step: bool = False) -> dict:
     *(pytest.param(options, id=option, marks=pytest.mark.slow) for option, options in OPTIONS.items()),
 ])
 def test_every_parameter_gets_a_gradient_none_out_of_scale(options, cifar10_sample):
-    """After one optimizer step from init, every parameter gets a non-zero, finite gradient on real images (at init,
-    zero queries give the keys none: every read is the uniform average whatever they are); with the queries then set
-    to a trained scale (0.5 / sqrt(width)), no gradient norm but the head's is over 100 times the median."""
+    """After one optimizer step from init (zero queries give keys none), every parameter gets a non-zero, finite
+    gradient on real images; with queries at a trained scale, no gradient norm but the head's is 100 x the median."""
     model, batch = small(**options, num_classes=10), real_batch(cifar10_sample)
     gradients(model, batch, step=True)
     grads = gradients(model, batch)
@@ -372,8 +344,7 @@ def test_every_parameter_gets_a_gradient_none_out_of_scale(options, cifar10_samp
 def test_a_pruned_model_and_one_stopped_early_are_the_model_of_their_depth(family, block_size, kept):
     """``prune_intermediate_layers`` leaves the model that its layers make, and ``forward_intermediates`` stopped
     early returns its features, also where the model's last memory block is another than theirs."""
-    model = small(depth=3, memory_block_size=block_size, **FAMILIES[family]).eval()
-    randomize_queries(model)
+    model = small(.5, depth=3, memory_block_size=block_size, **FAMILIES[family]).eval()
     shorter = small(depth=kept, memory_block_size=block_size, **FAMILIES[family]).eval()
     with torch.no_grad():
         final, _ = model.forward_intermediates(images(), indices=[kept - 1], stop_early=True)
@@ -385,11 +356,10 @@ def test_a_pruned_model_and_one_stopped_early_are_the_model_of_their_depth(famil
 
 def test_batchnorm_values_replace_the_read_layernorm_and_path_dropout_grows_with_depth():
     assert isinstance(small().blocks[0].attn.norm, torch.nn.LayerNorm)  # LayerNorm without affine on every read
-    model = small(value_norm='batchnorm')
-    assert isinstance(model.blocks[0].attn.norm, torch.nn.Identity)
-    assert type(model.blocks[0].attn.value[-1]).__name__ == 'TokenBatchNorm'
-    model = small(depth=3, drop_path_rate=.3)
-    assert [layer.attn.read.path_drop for layer in model.blocks] == pytest.approx([0., .15, .3])
+    attn = small(value_norm='batchnorm').blocks[0].attn
+    assert isinstance(attn.norm, torch.nn.Identity) and type(attn.value[-1]).__name__ == 'TokenBatchNorm'
+    assert [layer.attn.read.path_drop for layer in small(depth=3, drop_path_rate=.3).blocks] == pytest.approx(
+        [0., .15, .3])
 
 
 @pytest.mark.parametrize('pool, class_token', [
@@ -414,9 +384,9 @@ def test_every_pooling_of_timms_vit_pools_the_tokens_as_timms_vit_does(pool, cla
 
 
 def test_get_intermediate_layers_is_timms_dino_interface():
-    """The listed layers' maps with ``reshape``, their prefix tokens apart, normed with them by ``norm``, as timm's
-    ViT gives them (the last n layers' tokens: tests.helpers.assert_model_contract)."""
-    model = small(depth=3).eval()
+    """The listed layers' maps with ``reshape``, their prefix tokens (class and register tokens) apart, normed with
+    them by ``norm``, as timm's ViT gives them (the last n layers' tokens: tests.helpers.assert_model_contract)."""
+    model = small(depth=3, reg_tokens=4).eval()
     x = images()
     with torch.no_grad():
         maps = model.forward_intermediates(x, intermediates_only=True)
@@ -424,12 +394,10 @@ def test_get_intermediate_layers_is_timms_dino_interface():
         (raw, raw_prefix), = model.get_intermediate_layers(x, return_prefix_tokens=True)
         (layer, prefix), = model.get_intermediate_layers(x, return_prefix_tokens=True, norm=True)
         torch.testing.assert_close(torch.cat([prefix, layer], 1), model.norm(torch.cat([raw_prefix, raw], 1)))
-    assert layer.shape == (2, 64, 192) and prefix.shape == (2, 1, 192)
+    assert layer.shape == (2, 64, 192) and prefix.shape == (2, 5, 192)
 
 
 def test_reset_classifier_switches_between_attention_pools_and_plain_ones_and_checks_its_arguments():
-    from timm.layers import AttentionPoolLatent, AttentionPoolPrr
-
     model = small(global_pool='map')
     for pool, kind, classes in (('token', type(None), 3), ('prr', AttentionPoolPrr, 4), ('map', AttentionPoolLatent, 5),
                                 ('avgmax', type(None), 6)):
@@ -446,8 +414,7 @@ def test_attention_masks_reach_every_token_attention_as_in_timms_vit(family):
     """``attn_mask`` and ``is_causal`` (timm's ViT's arguments) go to every token attention; reads over depth are per
     token. Causally, no token depends on a later one; a key masked out of every query changes no other token. Both
     together are refused (timm's non-fused attention would drop the mask): pass one, or fold them into attn_mask."""
-    model = small(**FAMILIES[family]).eval()
-    randomize_queries(model)
+    model = small(.5, **FAMILIES[family]).eval()
     x = images()
     later = x + 1.  # other patches after the first two (tokens 1 and 2), which stay
     later[..., :4, :8] = x[..., :4, :8]
@@ -475,26 +442,20 @@ def test_qk_norm_normalises_every_token_attentions_queries_and_keys_as_in_timms_
     """``qk_norm=True``: the token attention is timm's, with the per-head LayerNorms of timm's ViT on q and k."""
     vit = timm.create_model('vit_tiny_patch16_224', depth=1, qk_norm=True).blocks[0].attn
     model, plain = small(**FAMILIES[family], qk_norm=True), small(**FAMILIES[family])
-    for sublayer in sublayers(model)[::2]:
-        attn = sublayer.body
-        assert type(attn) is type(vit)
-        for norm, theirs in ((attn.q_norm, vit.q_norm), (attn.k_norm, vit.k_norm)):
-            assert type(norm) is type(theirs) and (norm.normalized_shape, norm.eps) == ((64,), 1e-6)
+    attn = sublayers(model)[0].body
+    assert type(attn) is type(vit) and type(attn.q_norm) is type(vit.q_norm) and type(attn.k_norm) is type(vit.k_norm)
+    assert (attn.q_norm.normalized_shape, attn.k_norm.eps) == ((64,), 1e-6)
     attn = 'attn' if family == 'attnres' else 'attn.body'
     assert {n for n, _ in model.named_parameters()} - {n for n, _ in plain.named_parameters()} == \
         {f'blocks.{i}.{attn}.{qk}_norm.{p}' for i in range(2) for qk in 'qk' for p in ('weight', 'bias')}
 
 
-def test_register_tokens_follow_the_class_token_with_positions_and_are_left_out_of_pooling_and_features():
+def test_register_tokens_follow_the_class_token_with_positions_and_every_token_attention_sees_them():
+    """Left out of pooling and of the feature maps: tests of pooling and get_intermediate_layers above."""
     model = small(reg_tokens=4, global_pool='avg').eval()
     assert model.num_prefix_tokens == 5 and model.pos_embed.shape == (1, 5 + 64, 192)
-    assert 'reg_token' in model.no_weight_decay()
     with torch.no_grad():
-        tokens = model.forward_features(images())
-        assert tokens.shape == (2, 5 + 64, 192)
-        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), tokens[:, 5:].mean(1))
-        maps = model.forward_intermediates(images(), intermediates_only=True, return_prefix_tokens=True)
-        assert [(y.shape, prefix.shape) for y, prefix in maps] == [((2, 192, 8, 8), (2, 5, 192))] * 2
+        assert model.forward_features(images()).shape == (2, 5 + 64, 192)
         out = model(images())
         model.reg_token.normal_()
         assert not torch.allclose(model(images()), out)  # every token attention sees them
@@ -506,14 +467,9 @@ def test_register_tokens_follow_the_class_token_with_positions_and_are_left_out_
 
 @pytest.mark.parametrize('option', ['default', 'batchnorm_values', 'null_entry', 'attnres', 'block_attnres'])
 def test_every_batch_gives_the_logits_of_its_images(option):
-    """In half precision within 1 % (bf16) and 0.13 % (fp16) of float32 when written; AttnRes's pre-norm sublayers
-    within 2.8 % and 0.5 %."""
-    def build():
-        model = small(**OPTIONS[option])
-        randomize_queries(model)
-        return model
-
-    assert_every_batch_gives_the_logits_of_its_images(build, half_tolerance=4 if 'attnres' in option else 1)
+    """Half precision: within 1 % (bf16) and 0.13 % (fp16) of float32 when written; AttnRes 2.8 % and 0.5 %."""
+    assert_every_batch_gives_the_logits_of_its_images(lambda: small(.5, **OPTIONS[option]),
+                                                      half_tolerance=4 if 'attnres' in option else 1)
 
 
 @pytest.mark.parametrize('kwargs, error, named', [  # a count, a rate, a choice; arguments that do not fit together
@@ -530,18 +486,12 @@ def test_every_batch_gives_the_logits_of_its_images(option):
     (dict(keys_from_values=True, key_norm=True), ValueError, 'key_norm .*keys_from_values'),
     (dict(init_values=1e-5), ValueError, 'init_values .*sublayer_values'),
     (dict(ATTNRES, init_values=0.), ValueError, 'init_values .*got 0.0'),
+    # timm's ViT arguments without a counterpart: the position embedding a memory entry, the blocks its own
+    *((dict.fromkeys([name], 1), TypeError, name) for name in ('pos_embed', 'fc_norm', 'block_fn')),
 ])
 def test_a_bad_argument_raises_naming_it_and_its_value(kwargs, error, named):
     with pytest.raises(error, match=named):
         small(**kwargs)
-
-
-@pytest.mark.parametrize('name', ['pos_embed', 'fc_norm', 'block_fn'])
-def test_timm_vit_arguments_without_a_counterpart_are_refused(name):
-    """No residual branch to scale, the position embedding a memory entry, the blocks its own."""
-    assert name in inspect.signature(VisionTransformer).parameters
-    with pytest.raises(TypeError, match=name):
-        small(**{name: 1})
 
 
 @pytest.mark.parametrize('options', [
@@ -613,9 +563,8 @@ def test_checkpoints_of_timm_hbf_0_2_attnres_load_and_give_their_logits(name, tm
 
 
 def test_dynamic_img_size_on_square_and_non_square_grids_and_padding_to_whole_patches():
-    """With ``dynamic_img_size`` the position embedding is resampled from the model's own grid, square or not: at the
-    model's size it is the static model; other sizes run. ``dynamic_img_pad`` pads 30 x 30 at patch 4 with zeros at
-    the bottom and the right to 32 x 32, as timm's ViT does."""
+    """``dynamic_img_size`` resamples the position embedding from the model's own grid, square or not: at its size the
+    static model. ``dynamic_img_pad`` pads 30 x 30 at patch 4 with zeros to 32 x 32, as timm's ViT does."""
     for img_size in (32, (32, 48)):
         height, width = (img_size, img_size) if isinstance(img_size, int) else img_size
         x = torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(0))
@@ -634,8 +583,7 @@ def test_dynamic_img_size_on_square_and_non_square_grids_and_padding_to_whole_pa
 
 
 def test_weight_init_skip_leaves_the_layers_as_pytorch_built_them():
-    """For weights loaded next: no ViT init (Linears trunc-normal at std 0.02), PyTorch's uniform init of Linears
-    (std 1 / sqrt(3 fan_in), 0.042 at width 192) as each layer built itself."""
+    """No ViT init (trunc-normal at std 0.02): PyTorch's (std 1 / sqrt(3 fan_in), 0.042 at width 192)."""
     def linear_std(model: torch.nn.Module) -> float:
         return torch.cat([m.weight.flatten() for m in model.modules() if isinstance(m, torch.nn.Linear)]).std().item()
 
@@ -644,8 +592,7 @@ def test_weight_init_skip_leaves_the_layers_as_pytorch_built_them():
 
 
 def test_a_resize_is_saved_for_the_hub_as_timm_s_vit_saves_it(tmp_path):
-    """timm's save_for_hf (and push_to_hf_hub) writes the size a ViT was resized to with set_input_size, so that the
-    repo rebuilds it; QIMIA's the same way."""
+    """timm's save_for_hf writes the size set_input_size gave a ViT, for the repo to rebuild it; QIMIA's alike."""
     def saved(model: torch.nn.Module, folder: str):
         model.eval().set_input_size(img_size=48, patch_size=8)
         save_for_hf(model, tmp_path / folder)
@@ -693,10 +640,8 @@ def logits_and_gradients(run, model, x):
 @pytest.mark.parametrize('mode', EXECUTION_MODES)
 @pytest.mark.parametrize('family', DEPTH_FAMILIES)
 def test_every_execution_mode_gives_the_eager_logits_and_gradients(family, mode):
-    """Compiled whole, by region or past a graph break, and exported (a dynamic batch), a model computes what it
-    computes eagerly: the logits and the parameter gradients within float32 rounding (queries at a trained scale;
-    aot_eager runs the compiler's graphs without kernel generation; the shipped weights under inductor:
-    tests/models/test_shipped_weights.py)."""
+    """Compiled whole, by region or past a graph break (aot_eager), and exported: the eager logits and gradients
+    within float32 rounding (the shipped weights under inductor: tests/models/test_shipped_weights.py)."""
     torch._dynamo.reset()
     model = small(depth=3, **DEPTH_FAMILIES[family]).eval()  # no dropout: the same function in every run
     randomize_queries(model, std=.05)
@@ -711,10 +656,8 @@ def test_every_execution_mode_gives_the_eager_logits_and_gradients(family, mode)
 @pytest.mark.slow
 @pytest.mark.parametrize('option', OPTIONS)
 def test_every_option_compiles_whole_scripts_traces_and_exports(option):
-    """torch.compile(fullgraph=True) gives the eager outputs in eval and the eager loss and gradients in a training
-    step, with train.py's --grad-checkpointing too (every layer's checkpoint in the one graph; aot_eager: the forward
-    and backward graphs as inductor gets them); TorchScript (with an attention mask), torch.fx and torch.export (a
-    dynamic batch) give the eager outputs."""
+    """torch.compile(fullgraph=True), with --grad-checkpointing too (aot_eager), gives the eager outputs, loss and
+    gradients; TorchScript (with an attention mask), torch.fx and torch.export give the eager outputs."""
     for checkpointing in (False, True):
         torch._dynamo.reset()
         model = small(**OPTIONS[option])
@@ -743,9 +686,8 @@ def test_compiles_whole_with_inductor(family):
 @pytest.mark.slow
 @pytest.mark.parametrize('family', FAMILIES)
 def test_double_backward_passes_gradgradcheck_in_float64(family):
-    """Gradient penalties and Hessian-vector products through a whole tiny model: its queries, and the first layer's
-    key and value paths or its feed-forward block (timm's fused attention has no double backward: its reference
-    path)."""
+    """Through a whole tiny model: its queries and the first layer's key and value paths or feed-forward block (on
+    timm's reference attention path: its fused one has no double backward)."""
     sizes = dict(depth=1, embed_dim=12, num_heads=2, img_size=8, patch_size=4, num_classes=3, mlp_ratio=1.)
     model = small(**sizes, **(dict(key_dim=8, depth_num_heads=2) if family == 'qimia' else ATTNRES)).double().eval()
     for module in model.modules():

@@ -1,8 +1,6 @@
 """The train.py recipes, ``timm_hbf/recipes/DATASET/SCHEDULE.yaml`` (``train.py -c``): one per dataset and schedule,
-for every model that its header names (given with ``--model``), timm's ViT of the same size among them.
-
-timm's train.py is in timm's git repository only (no wheel or sdist on the package index ships it), so these tests
-check what the recipes say through timm's own factories rather than by running train.py."""
+for every model that its header names, timm's ViT of the same size among them; checked through timm's own factories
+(train.py ships in timm's git repository only)."""
 import argparse
 import math
 import re
@@ -81,8 +79,7 @@ def test_timms_vit_is_the_same_size_as_ours(path):
 
 @pytest.mark.parametrize('path', [p for p in PATHS if p.stem == 'memo143'], ids=recipe_id)
 def test_memo_recipe_keeps_the_learning_rate_constant_as_the_authors_code(path):
-    """Their cosine scheduler was never stepped: timm's scheduler built from the recipe, as train.py builds it, gives
-    the recipe's learning rate at every epoch, with no warmup."""
+    """Their cosine scheduler was never stepped: timm's, as train.py builds it, gives the recipe's rate every epoch."""
     cfg = load(path)
     optimizer = create_optimizer_v2(build(cfg, cfg['model']).to_empty(device='cpu'), opt=cfg['opt'], lr=cfg['lr'],
                                     weight_decay=cfg['weight_decay'])
@@ -101,11 +98,15 @@ def learning_rate(cfg: dict, global_batch: int) -> float:
 
 
 @pytest.mark.parametrize('path', [p for p in PATHS if p.stem == 'strong'], ids=recipe_id)
-def test_strong_recipe_schedules_as_lee_lee_and_song(path):
+def test_strong_recipe_schedules_and_mixes_as_lee_lee_and_song(path):
     """Their 100 epochs at batch 128: AdamW at 1e-3 (2e-3 at batch 512, by the square root), 10 epochs of warmup, then
-    cosine, stepped every update, through timm's scheduler as train.py builds and steps it on 45,000 images."""
+    cosine, stepped every update, through timm's scheduler as train.py builds and steps it on 45,000 images. Their
+    mixing, in train.py's options for timm's Mixup: half the batches left alone, the other half mixup or CutMix (both
+    with alpha 1) at even odds, a batch at a time, on label-smoothed targets."""
     cfg = load(path)
     assert (cfg['epochs'], cfg['batch_size'], cfg['opt'], cfg['weight_decay']) == (100, 128, 'adamw', 0.05)
+    assert (cfg['mixup'], cfg['cutmix'], cfg['smoothing'], cfg['mixup_prob']) == (1.0, 1.0, 0.1, 0.5)
+    assert (cfg.get('mixup_switch_prob', .5), cfg.get('mixup_mode', 'batch')) == (.5, 'batch')  # train.py's defaults
     assert learning_rate(cfg, 128) == pytest.approx(1e-3) and learning_rate(cfg, 512) == pytest.approx(2e-3)
     peak = learning_rate(cfg, cfg['batch_size'])
     optimizer = create_optimizer_v2(build(cfg, cfg['model']).to_empty(device='cpu'), opt=cfg['opt'], lr=peak,
@@ -128,19 +129,9 @@ def test_strong_recipe_schedules_as_lee_lee_and_song(path):
     assert rates[-1] == pytest.approx(cfg['min_lr'], rel=1e-3)
 
 
-@pytest.mark.parametrize('path', [p for p in PATHS if p.stem == 'strong'], ids=recipe_id)
-def test_strong_recipe_mixes_as_lee_lee_and_song(path):
-    """Their mixing, in train.py's options for timm's Mixup: half the batches left alone, the other half mixup or
-    CutMix (both with alpha 1) at even odds, a batch at a time, on label-smoothed targets."""
-    cfg = load(path)
-    assert (cfg['mixup'], cfg['cutmix'], cfg['smoothing'], cfg['mixup_prob']) == (1.0, 1.0, 0.1, 0.5)
-    assert (cfg.get('mixup_switch_prob', .5), cfg.get('mixup_mode', 'batch')) == (.5, 'batch')  # train.py's defaults
-
-
 @pytest.mark.parametrize('path', PATHS, ids=recipe_id)
 def test_augmentation_runs_on_real_images(path, cifar10_sample):
-    """The recipe's training augmentation (crops, flips, RandAugment, random erasing) as timm's transform factory
-    builds it from train.py's options, on CIFAR-10 images."""
+    """The training augmentation timm's transform factory builds from the recipe, on CIFAR-10 images."""
     cfg = load(path)
     transform = create_transform(
         (3, cfg['img_size'], cfg['img_size']), is_training=True, scale=cfg.get('scale'), ratio=cfg.get('ratio'),
