@@ -7,11 +7,10 @@ values into contiguous groups), the (key, value) entries that the stem and the e
     A_l = sum_i softmax_i(s_{l,i}) v_{i,h}                                                   (Eq. 1)
     s_{l,i} = q_{l,h} . k_{i,h}   (dot kernel),   -gamma_{l,h} ||q_{l,h} - k_{i,h}||^2   (Gaussian kernel)
 
-The queries do not depend on the input, so an entry's logits for every later read are computed once, when it is
-stored. The memory (:class:`DepthMemory`) is plain tensors and lists, the same in eager, compiled, exported and
-scripted code; a read sums one product per entry, so the backward pass keeps the values, not a stacked copy per read.
-Logits and sums are float32 (or wider), also under autocast. Block memory sums the entries of ``n`` consecutive
-sublayers into one summary, stored when the block ends; a read inside a block takes the running summary too.
+The queries do not depend on the input, so an entry's logits for every later read are computed once, when stored.
+The memory (:class:`DepthMemory`) is plain tensors and lists in every execution mode; a read sums one product per
+entry (the backward pass keeps the values, no stacked copy), in float32 or wider. Block memory sums the entries of
+``n`` consecutive sublayers into one summary, stored when the block ends; a read in a block takes the running summary.
 """
 from typing import List, NamedTuple, Optional, Tuple
 
@@ -168,9 +167,7 @@ class DepthAttention(nn.Module):
         if tokens is not None:
             logits = logits.expand(tokens.shape[:-1] + logits.shape[-2:])
         columns = logits.unbind(-1)  # one gradient for all of them in the backward pass, stacked
-        reads: List[List[torch.Tensor]] = []
-        for r, read in enumerate(memory.logits):
-            reads.append(read + [columns[r]])
+        reads = [read + [columns[r]] for r, read in enumerate(memory.logits)]
         return DepthMemory(memory.queries, memory.values + [value], reads, key, value)
 
     def write(self, memory: DepthMemory, key: Optional[torch.Tensor], value: torch.Tensor) -> DepthMemory:
