@@ -107,6 +107,8 @@ def test_pretrained_loads_timm_s_hub_weights_through_timm_s_loader(tmp_path, mon
 @pytest.mark.parametrize('vit_kwargs, name, names', [  # the other differences: tests/models/test_builder.py
     (dict(depth=6), 'vit_attnres_tiny', ['6 blocks, the model 12', 'depth']),  # the model's queries left aside
     (dict(class_token=False, global_pool='avg', fc_norm=False), 'vit_attnres_tiny', ['class_token=False']),
+    (dict(global_pool='avg'), 'vit_attnres_tiny', ['fc_norm']),  # which AttnRes has no place for
+    (dict(pre_norm=True), 'vit_attnres_tiny', ['pre_norm=True']),
 ])
 def test_weights_of_another_vit_raise_naming_what_differs(vit_kwargs, name, names, tmp_path):
     vit = timm.create_model('vit_tiny_patch16_224', **dict(CIFAR, **vit_kwargs))
