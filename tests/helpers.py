@@ -66,6 +66,11 @@ class ShapeRecorder(TorchFunctionMode):
         return out
 
 
+def images(batch: int = 2, size: int = 32, scale: float = 1.) -> torch.Tensor:
+    """A fixed batch of random images."""
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)) * scale
+
+
 def layer_normed(*shape: int, seed: int = 1234) -> torch.Tensor:
     """Random tokens after a LayerNorm without affine, as HyperBF layers see them in a pre-norm block."""
     g = torch.Generator().manual_seed(seed)

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 import timm_hbf  # noqa: F401  (registers the models)
+from tests.helpers import images
 from timm_hbf.models import PretrainedWeightsError
 from timm_hbf.models.vit_attnres import TIMM_WEIGHTS
 
@@ -36,10 +37,6 @@ def trained_like(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-def images(size: int) -> torch.Tensor:
-    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
-
-
 def test_every_timm_vit_tag_names_timm_s_weights_of_that_architecture():
     archs = set(timm.list_models('vit_attnres*'))
     for arch, tags in TIMM_WEIGHTS.items():
@@ -64,7 +61,7 @@ def test_every_architecture_computes_its_timm_vits_function_on_its_weights(name,
     new = set(model.state_dict()) - set(vit.state_dict())
     assert new and all(key.endswith('.query') for key in new) and set(vit.state_dict()) <= set(model.state_dict())
     assert all(not model.state_dict()[key].any() for key in new)
-    x = images(vit.patch_embed.img_size[0])
+    x = images(size=vit.patch_embed.img_size[0])
     with torch.no_grad():
         expected = vit(x)
         assert expected.std() > 1  # logits of a scale that tells a wrong function apart
@@ -99,7 +96,7 @@ def test_pretrained_loads_timm_s_hub_weights_through_timm_s_loader(tmp_path, mon
     monkeypatch.setattr(timm.models._hub, 'hf_hub_download', download)
     model = timm.create_model('vit_attnres_tiny_patch16_224.augreg_in21k_ft_in1k', pretrained=True).eval()
     assert asked == [('timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k', 'model.safetensors')]
-    x = images(224)
+    x = images(size=224)
     with torch.no_grad():
         torch.testing.assert_close(model(x), vit(x), rtol=0, atol=1e-3)
 

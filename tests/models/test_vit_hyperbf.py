@@ -13,6 +13,7 @@ from tests.helpers import (
     assert_every_batch_gives_the_logits_of_its_images,
     assert_model_contract,
     compiled_matches_eager,
+    images,
     legacy_checkpoint,
     run_as,
 )
@@ -33,10 +34,6 @@ def small(**kwargs) -> VisionTransformerHyperBF:
     """A two-block vit_hyperbf_tiny (unless told otherwise), for speed."""
     torch.manual_seed(0)
     return timm.create_model('vit_hyperbf_tiny', **dict(dict(depth=2), **kwargs))
-
-
-def images(batch: int = 2, size: int = 32, scale: float = 1.) -> torch.Tensor:
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)) * scale
 
 
 def train_step(model, x=None):

@@ -19,6 +19,7 @@ from tests.helpers import (
     assert_every_batch_gives_the_logits_of_its_images,
     assert_model_contract,
     compiled_matches_eager,
+    images,
     legacy_checkpoint,
     run_as,
     saved_activation_bytes,
@@ -56,10 +57,6 @@ def small(queries: float = 0., **kwargs) -> VisionTransformerQimia:
     if queries:
         randomize_queries(model, queries)
     return model
-
-
-def images(batch: int = 2, size: int = 32) -> torch.Tensor:
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
 
 
 def randomize_queries(model: torch.nn.Module, std: float = .5, per_width: bool = False) -> None:
@@ -643,8 +640,7 @@ def test_every_execution_mode_gives_the_eager_logits_and_gradients(family, mode)
     """Compiled whole, by region or past a graph break (aot_eager), and exported: the eager logits and gradients
     within float32 rounding (the shipped weights under inductor: tests/models/test_shipped_weights.py)."""
     torch._dynamo.reset()
-    model = small(depth=3, **DEPTH_FAMILIES[family]).eval()  # no dropout: the same function in every run
-    randomize_queries(model, std=.05)
+    model = small(.05, depth=3, **DEPTH_FAMILIES[family]).eval()  # no dropout: the same function in every run
     logits, grads = logits_and_gradients(model, model, images(3))
     got, got_grads = logits_and_gradients(run_as(mode, model, images(3), 'aot_eager'), model, images(3))
     torch.testing.assert_close(got, logits, rtol=0, atol=1e-5)
