@@ -1,8 +1,8 @@
 """The device of the CUDA tests, and their skip marks.
 
 The tests run on CUDA and are skipped, with the reason, where there is none. ``TIMM_HBF_TEST_DEVICE=cpu`` runs them
-on the CPU instead, to rehearse them before GPU time is spent (docs/gpu.md): then the CPU
-stands in for CUDA, compiling uses the ``aot_eager`` backend, and the tests of CUDA's own kernels are skipped.
+on the CPU instead, to rehearse them before GPU time is spent (``benchmarks/gpu_checks.sh --device cpu``): then the
+CPU stands in for CUDA, compiling uses the ``aot_eager`` backend, and the tests of CUDA's own kernels are skipped.
 """
 import copy
 import os
