@@ -5,6 +5,6 @@ like any timm model.
 """
 from . import layers, models
 
-__version__ = '0.2.0'
+__version__ = '0.3.0'
 
 __all__ = ['layers', 'models', '__version__']
