@@ -49,6 +49,11 @@ for stage in $stages; do
     case "$stage" in speed|tests|train) ;; *) echo "error: unknown stage '$stage' (speed, tests, train)" >&2; exit 2 ;;
     esac
 done
+for number in "$epochs" "$workers"; do
+    case "$number" in ''|*[!0-9]*) echo "error: --epochs and --workers take whole numbers, not '$number'" >&2; exit 2 ;;
+    esac
+done
+case "$device" in cuda|cpu) ;; *) echo "error: --device '$device': cuda, or cpu to rehearse on the CPU" >&2; exit 2 ;; esac
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_FX_GRAPH_CACHE=1 TORCHINDUCTOR_AUTOGRAD_CACHE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout's timm_hbf, installed or not
