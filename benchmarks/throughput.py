@@ -2,8 +2,9 @@
 
 Every candidate model is compared with a timm ``VisionTransformer`` of its width, depth, heads, MLP width, qkv bias,
 image size, patch size and classes; ``--mixer`` adds a timm ``MlpMixer`` of its width, depth, channel-MLP width, patch,
-image size and classes. ``--attention TOKENS...`` compares the layers instead: ``HyperBFAttention`` against timm's
-``Attention`` (which runs ``F.scaled_dot_product_attention``) of the same width and heads, on that many tokens.
+image size and classes; candidates of one shape share them, timed in the same rounds. ``--attention TOKENS...``
+compares the layers instead: ``HyperBFAttention`` against timm's ``Attention`` (which runs
+``F.scaled_dot_product_attention``) of the same width and heads, on that many tokens.
 ``--variants`` adds the candidate built with other arguments (``memory_block_size=4``) beside it; ``--model-kwargs``
 changes the candidate and its baselines together (``depth=24``: a depth sweep, one run per depth).
 
@@ -288,7 +289,8 @@ def operators_per_step(spec: dict) -> Tuple[int, int]:
 
 
 def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
-    """(case, batch size, label -> spec): each candidate with its variants and baselines, or each attention length."""
+    """(case, batch size, label -> spec): the candidates of one shape with their variants and the baselines they share,
+    or each attention length."""
     cuda = args.device.startswith('cuda')
     if args.attention:
         layer = dict(dim=args.attention_dim, num_heads=args.attention_dim // 64, qkv_bias=True)
@@ -296,7 +298,7 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
                  {LAYER: dict(layer, cls='timm_hbf.layers.HyperBFAttention', input_size=[tokens, layer['dim']]),
                   LAYER_BASELINE: dict(layer, cls='timm.layers.Attention', input_size=[tokens, layer['dim']])})
                 for tokens in args.attention]
-    found = []
+    grouped = {}  # (case, baselines) -> (case, the candidates of that shape, the baselines they share)
     model_kwargs = ' '.join(f'{k}={v}' for k, v in args.model_kwargs.items())
     for name in args.models:
         meta = meta_model(name, args.model_kwargs, '--model-kwargs', model_kwargs)
@@ -307,11 +309,12 @@ def cases(args) -> List[Tuple[str, int, Dict[str, dict]]]:
         specs = {name: dict(args.model_kwargs, model_name=name)}
         specs.update({f'{name}, {variant}': dict(args.model_kwargs, **kwargs, model_name=name)
                       for variant, kwargs in args.variants.items()})
-        specs.update(baselines(dims, args.mixer))
-        batch_size = args.batch_size or DEFAULT_BATCH[cuda]
-        found.append((f'{input_size[-1]}/{meta.patch_embed.patch_size[0]}', batch_size,
-                      {label: dict(spec, input_size=input_size) for label, spec in specs.items()}))
-    return found
+        bases = {label: dict(spec, input_size=input_size) for label, spec in baselines(dims, args.mixer).items()}
+        case = f'{input_size[-1]}/{meta.patch_embed.patch_size[0]}'
+        candidates = grouped.setdefault(repr((case, bases)), (case, {}, bases))[1]
+        candidates.update({label: dict(spec, input_size=input_size) for label, spec in specs.items()})
+    batch_size = args.batch_size or DEFAULT_BATCH[cuda]
+    return [(case, batch_size, {**candidates, **bases}) for case, candidates, bases in grouped.values()]
 
 
 def meta_model(name: str, kwargs: dict, option: str, given: str) -> torch.nn.Module:

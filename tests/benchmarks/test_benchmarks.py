@@ -24,12 +24,12 @@ def run(monkeypatch):
 @pytest.mark.slow  # measures the memory of a step in fresh processes
 def test_throughput(run, tmp_path):
     out = tmp_path / 'speed.json'
-    run('throughput', '--models', 'vit_hyperbf_tiny', '--model-kwargs', 'depth=1', '--batch-size', '2', '--warmup',
-        '0', '--steps', '1', '--rounds', '1', '--threads', '1', '--modes', 'infer', '--json', out)
+    run('throughput', '--models', 'vit_hyperbf_tiny', 'vit_attnres_tiny', '--model-kwargs', 'depth=1', '--batch-size',
+        '2', '--warmup', '0', '--steps', '1', '--rounds', '1', '--threads', '1', '--modes', 'infer', '--json', out)
     record = json.loads(out.read_text())
     assert {'command', 'device', 'torch', 'timm', 'date'} <= set(record['environment'])
-    (row,) = record['results']
-    assert row['mode'] == 'infer' and list(row['models']) == ['vit_hyperbf_tiny', 'timm ViT']
+    (row,) = record['results']  # models of one shape share their baseline
+    assert row['mode'] == 'infer' and list(row['models']) == ['vit_hyperbf_tiny', 'vit_attnres_tiny', 'timm ViT']
     for entry in row['models'].values():
         assert entry['eager']['rounds'][0] > 0 and entry['eager']['peak_mib'] > 0 and entry['macs'] > 0
     assert (tmp_path / 'speed.md').is_file()
