@@ -39,12 +39,13 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 [ -n "$out" ] || { echo 'error: give --out, the folder the results go to' >&2; usage; }
-case " $stages " in *" train "*)
+has() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if has train; then
     [ -f "$scripts/train.py" ] || { echo "error: --scripts '$scripts' has no train.py: give a checkout of timm's" \
         'repository (git clone https://github.com/huggingface/pytorch-image-models)' >&2; exit 2; }
     [ -d "$data/train" ] && [ -d "$data/test" ] || { echo "error: --data '$data' needs train/ and test/ folders," \
-        'one folder per class inside each' >&2; exit 2; } ;;
-esac
+        'one folder per class inside each' >&2; exit 2; }
+fi
 for stage in $stages; do
     case "$stage" in speed|tests|train) ;; *) echo "error: unknown stage '$stage' (speed, tests, train)" >&2; exit 2 ;;
     esac
@@ -95,8 +96,6 @@ stage() {
     printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "${quoted% }" >> "$out/checks.tsv"
     echo "--- $name: exit status $rc in $((SECONDS - start)) s"
 }
-has() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-
 if has speed; then
     stage speed "$python" benchmarks/throughput.py --compiled "${speed_args[@]}" --json "$out/speed.json"
     stage profile "$python" benchmarks/throughput.py --compiled "${speed_args[@]}" --rounds 1 --models "$model" \
